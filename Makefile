@@ -1,0 +1,45 @@
+# Every target does its own set-up: a fresh clone needs only `make serve` or `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Two cores: cap native thread pools so ONNX Runtime / BLAS / torch never oversubscribe.
+export OMP_NUM_THREADS ?= 2
+export OPENBLAS_NUM_THREADS ?= 2
+export MKL_NUM_THREADS ?= 2
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: venv serve test test-fast lint bench clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip==25.3
+	# torch first and pinned: the CPU build lies on local disk; unpinned torch pulls CUDA (GBs).
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[torch,dev]'
+	touch $(STAMP)
+
+serve: venv
+	$(BIN)/arag library build
+	$(BIN)/arag library status
+	$(BIN)/arag papers --limit 10
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not real_models"
+
+lint: venv
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy src
+
+bench: venv
+	$(BIN)/arag bench build --papers 100
+
+clean-venv:
+	rm -rf $(VENV)

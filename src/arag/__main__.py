@@ -1,0 +1,5 @@
+"""``python -m arag`` runs the CLI."""
+
+from arag.cli.main import app
+
+app()

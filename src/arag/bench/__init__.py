@@ -1,0 +1,1 @@
+"""Benchmarks: commands that print figures and can write JSON."""

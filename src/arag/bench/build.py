@@ -1,0 +1,139 @@
+"""Build benchmark: a from-scratch build of N papers, a no-op rebuild, and embedding throughput
+against a naive baseline (fixed 256-token padding, input order) measured in the same run."""
+
+from __future__ import annotations
+
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel
+
+from arag.library.build import BuildSummary, Progress
+from arag.library.manage import build_library, library_status
+from arag.settings import Settings
+
+
+class EmbedThroughput(BaseModel):
+    texts: int
+    batch_size: int
+    threads: int
+    ours_chunks_per_s: float
+    baseline_chunks_per_s: float
+    speedup: float
+    repeats: int
+
+
+class BuildBench(BaseModel):
+    papers: int
+    data_dir: str
+    build: BuildSummary
+    build_seconds: float
+    noop_build_seconds: float
+    noop_papers_added: int
+    chunks: int
+    chunks_by_type: dict[str, int]
+    index_bytes: int
+    peak_rss_mib: float
+    embedding: EmbedThroughput | None
+
+
+def _peak_rss_mib() -> float:
+    # ru_maxrss is KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def embed_throughput(settings: Settings, texts: list[str], repeats: int = 3) -> EmbedThroughput:
+    """Chunks/s of the configured ONNX embedder vs the naive way of running the same model."""
+    from arag.models.embedder import get_embedder
+
+    embedder = get_embedder(settings.embedding, None)  # no cache: measure the model
+    bs = settings.embedding.batch_size
+
+    def ours() -> None:
+        embedder.embed(texts)
+
+    def baseline() -> None:
+        # The naive way: input order, every batch padded to the model's full 256 positions.
+        for i in range(0, len(texts), bs):
+            embedder.embed_batch_padded(texts[i : i + bs])  # type: ignore[attr-defined]
+
+    def median_rate(fn: object) -> float:
+        rates = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()  # type: ignore[operator]
+            rates.append(len(texts) / (time.perf_counter() - t0))
+        return float(np.median(rates))
+
+    has_baseline = hasattr(embedder, "embed_batch_padded")
+    ours_rate = median_rate(ours)
+    base_rate = median_rate(baseline) if has_baseline else float("nan")
+    return EmbedThroughput(
+        texts=len(texts),
+        batch_size=bs,
+        threads=settings.embedding.threads,
+        ours_chunks_per_s=ours_rate,
+        baseline_chunks_per_s=base_rate,
+        speedup=ours_rate / base_rate if has_baseline else float("nan"),
+        repeats=repeats,
+    )
+
+
+def run_build_bench(
+    settings: Settings,
+    papers: int | None,
+    *,
+    data_dir: Path | None = None,
+    embed_sample: int = 512,
+    progress: Progress | None = None,
+) -> BuildBench:
+    """Build ``papers`` papers into a fresh data directory, rebuild (no-op), measure throughput."""
+    tmp = None
+    if data_dir is None:
+        tmp = tempfile.mkdtemp(prefix="arag-bench-")
+        data_dir = Path(tmp)
+    bench_settings = settings.model_copy(
+        update={"data_dir": data_dir, "corpus": settings.corpus.model_copy(update={"max_papers": papers})}
+    )
+    t0 = time.perf_counter()
+    summary = build_library(bench_settings, progress=progress)
+    build_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    noop = build_library(bench_settings)
+    noop_s = time.perf_counter() - t1
+    st = library_status(bench_settings)
+    throughput = None
+    if embed_sample and settings.embedding.provider == "onnx-minilm":
+        texts = _sample_chunk_texts(bench_settings, embed_sample)
+        if texts:
+            throughput = embed_throughput(bench_settings, texts)
+    return BuildBench(
+        papers=st.papers,
+        data_dir=str(data_dir),
+        build=summary,
+        build_seconds=build_s,
+        noop_build_seconds=noop_s,
+        noop_papers_added=noop.papers_added,
+        chunks=st.chunks,
+        chunks_by_type=st.chunks_by_type,
+        index_bytes=st.index_bytes,
+        peak_rss_mib=_peak_rss_mib(),
+        embedding=throughput,
+    )
+
+
+def _sample_chunk_texts(settings: Settings, n: int) -> list[str]:
+    """Embed texts of real chunks: the first papers' chunks, as the build makes them."""
+    from arag.corpus.qasper import load_qasper
+    from arag.ingest.chunker import chunk_paper
+    from arag.models.embedder import get_embedder
+
+    embedder = get_embedder(settings.embedding, None)
+    texts: list[str] = []
+    papers, _ = load_qasper(settings.corpus.qasper_path, max_papers=max(1, n // 20))
+    for paper in papers:
+        texts.extend(c.embed_text for c in chunk_paper(paper, embedder.count_tokens, settings.chunking))
+    return texts[:n]

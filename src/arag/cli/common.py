@@ -1,0 +1,91 @@
+"""Shared CLI plumbing: settings, logging, error translation, progress bars."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from arag.errors import AragError
+from arag.library.build import Progress as BuildProgress
+from arag.settings import Settings, get_settings
+
+console = Console()
+err_console = Console(stderr=True)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings for a command, with logging configured from them."""
+    settings = get_settings(**overrides)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(message)s",
+        handlers=[RichHandler(console=err_console, show_path=False)],
+        force=True,
+    )
+    return settings
+
+
+def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn an AragError into its message on stderr and its exit code; Ctrl-C into exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except AragError as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            err_console.print(
+                "[yellow]interrupted: progress so far is saved; run the command again to resume[/]"
+            )
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+@contextmanager
+def build_progress(label: str) -> Iterator[BuildProgress]:
+    """A rich progress bar (count, rate, ETA) wired to the builder's callbacks."""
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=err_console, transient=False) as bar:
+        task = bar.add_task(label, total=None, rate="")
+
+        def start(total: int) -> None:
+            bar.update(task, total=total)
+
+        def advance(n: int) -> None:
+            bar.advance(task, n)
+            t = bar.tasks[task]
+            if t.elapsed:
+                bar.update(task, rate=f"{t.completed / t.elapsed:.1f} papers/s")
+
+        yield BuildProgress(start=start, advance=advance)

@@ -1,0 +1,170 @@
+"""``arag``: build and inspect the research library (answering arrives in later releases)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from arag.cli.common import build_progress, console, handle_errors, load_settings
+from arag.corpus.qasper import ATTRIBUTION
+from arag.library.build import BuildSummary
+from arag.library.manage import add_pdfs, build_library, library_status, list_papers
+
+app = typer.Typer(
+    name="arag",
+    help="arag: an adaptive retrieval-augmented research assistant over a library of AI/ML papers.\n\n"
+    "Start with `arag library build` (the default QASPER library), then `arag library status`.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+library_app = typer.Typer(help="Build, extend and inspect the paper library.", no_args_is_help=True)
+app.add_typer(library_app, name="library")
+
+
+def _register_subapps() -> None:
+    from arag.bench.cli import bench_app
+    from arag.cli.corpus import corpus_app
+
+    app.add_typer(
+        corpus_app, name="corpus", help="Select papers from arXiv into a manifest and fetch their PDFs."
+    )
+    app.add_typer(bench_app, name="bench", help="Benchmarks that print figures and can write JSON.")
+
+
+def _print_summary(summary: BuildSummary, title: str) -> None:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_row("papers added", str(summary.papers_added))
+    table.add_row("papers already up to date", str(summary.papers_skipped))
+    table.add_row("papers failed", str(summary.papers_failed))
+    by_type = ", ".join(f"{k} {v}" for k, v in sorted(summary.chunks_by_type.items())) or "-"
+    table.add_row("chunks added", f"{summary.chunks_added} ({by_type})")
+    table.add_row("mean overlap", f"{summary.mean_overlap_sentences:.2f} sentences")
+    if summary.embed_seconds:
+        table.add_row("embedding", f"{summary.chunks_per_second:.1f} chunks/s")
+    table.add_row("seconds", f"{summary.seconds:.1f}")
+    console.print(table)
+    for f in summary.failures[:20]:
+        console.print(f"  [yellow]skipped[/] {f.key}: {f.reason}", highlight=False)
+    if len(summary.failures) > 20:
+        console.print(f"  ... and {len(summary.failures) - 20} more (see `arag library status`)")
+
+
+@library_app.command("build")
+@handle_errors
+def library_build(
+    rebuild: Annotated[
+        bool, typer.Option("--rebuild", help="Delete the index and build from scratch.")
+    ] = False,
+    max_papers: Annotated[int | None, typer.Option(help="Only the first N papers (quick libraries).")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write the build summary as JSON.")
+    ] = None,
+) -> None:
+    """Build the default library (QASPER) or bring it up to date; resumes after an interruption."""
+    overrides = {}
+    if max_papers is not None:
+        overrides["corpus"] = {"max_papers": max_papers}
+    settings = load_settings(**overrides)
+    console.print(f"[dim]{ATTRIBUTION}[/]")
+    with build_progress("indexing papers") as progress:
+        summary = build_library(settings, progress=progress, rebuild=rebuild)
+    _print_summary(summary, f"library build ({settings.data_dir})")
+    if json_out:
+        json_out.write_text(summary.model_dump_json(indent=2))
+
+
+@library_app.command("add")
+@handle_errors
+def library_add(
+    paths: Annotated[list[Path], typer.Argument(help="PDF files or folders of PDFs.")],
+) -> None:
+    """Add PDFs to the library (references cut, tables as their own chunks); bad files are skipped."""
+    settings = load_settings()
+    with build_progress("indexing PDFs") as progress:
+        summary = add_pdfs(settings, paths, progress=progress)
+    _print_summary(summary, "library add")
+
+
+@library_app.command("status")
+@handle_errors
+def library_status_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
+) -> None:
+    """Papers, chunks by type, model, index size, topics and failures."""
+    settings = load_settings()
+    st = library_status(settings)
+    if as_json:
+        print(st.model_dump_json(indent=2))
+        return
+    if st.papers == 0:
+        console.print(f"No library yet in {st.data_dir}: run `arag library build`.", soft_wrap=True)
+        return
+    table = Table(title="arag library", show_header=False, title_justify="left")
+    table.add_row("data directory", st.data_dir)
+    table.add_row(
+        "papers", f"{st.papers} (" + ", ".join(f"{k} {v}" for k, v in st.papers_by_source.items()) + ")"
+    )
+    table.add_row(
+        "chunks", f"{st.chunks} (" + ", ".join(f"{k} {v}" for k, v in sorted(st.chunks_by_type.items())) + ")"
+    )
+    table.add_row("embedding model", f"{st.embedding_model} ({st.embedding_dim} dims)")
+    table.add_row(
+        "index size", f"{st.index_bytes / 2**20:.1f} MiB (+ {st.state_bytes / 2**20:.1f} MiB state)"
+    )
+    table.add_row("topics", str(len(st.topics)))
+    table.add_row("failures", str(len(st.failures)))
+    if st.last_build:
+        lb = st.last_build
+        table.add_row(
+            "last build", f"{lb.get('papers_added', 0)} papers added in {lb.get('seconds', 0):.1f} s"
+        )
+    console.print(table)
+    for f in st.failures[:20]:
+        console.print(f"  [yellow]failed[/] {f.key} ({f.source}): {f.reason}", highlight=False)
+    console.print(f"[dim]{ATTRIBUTION}[/]")
+
+
+@app.command("papers")
+@handle_errors
+def papers_cmd(
+    topic: Annotated[int | None, typer.Option(help="Only papers of this topic (see --topics).")] = None,
+    topics: Annotated[bool, typer.Option("--topics", help="List the topics instead of papers.")] = False,
+    limit: Annotated[int, typer.Option(help="Show at most N papers (0: all).")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
+) -> None:
+    """List the papers in the library."""
+    settings = load_settings()
+    rows = list_papers(settings, topic=topic)
+    if topics:
+        counts: dict[int, int] = {}
+        labels: dict[int, str] = {}
+        for r in list_papers(settings):
+            if r.topic is not None:
+                counts[r.topic] = counts.get(r.topic, 0) + 1
+                labels[r.topic] = r.topic_label or ""
+        table = Table("topic", "papers", "label", title="topics")
+        for t in sorted(counts):
+            table.add_row(str(t), str(counts[t]), labels[t])
+        console.print(table)
+        return
+    shown = rows if limit == 0 else rows[:limit]
+    if as_json:
+        for r in shown:
+            print(json.dumps(r.model_dump(exclude={"abstract_text"})))
+        return
+    table = Table("id", "year", "chunks", "topic", "title", title=f"{len(rows)} papers")
+    for r in shown:
+        table.add_row(
+            r.id, str(r.year or ""), str(r.n_chunks), str(r.topic if r.topic is not None else ""), r.title
+        )
+    console.print(table)
+    if len(shown) < len(rows):
+        console.print(f"[dim]... {len(rows) - len(shown)} more: --limit 0 shows all[/]")
+
+
+_register_subapps()

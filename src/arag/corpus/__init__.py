@@ -1,0 +1,1 @@
+"""Paper sources: QASPER, local PDFs, arXiv selection."""

@@ -1,0 +1,79 @@
+"""The error hierarchy. Every message says what failed, where, and how to fix it.
+
+The CLI maps each class to an exit code (``exit_code``); the API (a later issue) maps
+``http_status``. Nothing else in arag raises bare exceptions at a user.
+"""
+
+from __future__ import annotations
+
+
+class AragError(Exception):
+    """Base class: a failure the user can act on."""
+
+    exit_code: int = 1
+    http_status: int = 500
+
+    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None) -> None:
+        self.what = what
+        self.where = where
+        self.fix = fix
+        parts = [what]
+        if where:
+            parts.append(f"(at {where})")
+        msg = " ".join(parts)
+        if fix:
+            msg += f"\n  fix: {fix}"
+        super().__init__(msg)
+
+
+class ConfigError(AragError):
+    """Settings are invalid or point at something that does not exist."""
+
+    exit_code = 2
+    http_status = 500
+
+
+class CorpusError(AragError):
+    """A corpus source is missing or unreadable."""
+
+    exit_code = 3
+    http_status = 500
+
+
+class IngestError(AragError):
+    """One document could not be parsed; builds log it and skip the document."""
+
+    exit_code = 4
+    http_status = 422
+
+
+class ModelError(AragError):
+    """A model could not be loaded or failed to run."""
+
+    exit_code = 5
+    http_status = 503
+
+
+class IndexError_(AragError):
+    """The index is missing, locked, or inconsistent."""
+
+    exit_code = 6
+    http_status = 503
+
+
+class NetworkError(AragError):
+    """A remote service (arXiv, an embeddings endpoint) could not be reached."""
+
+    exit_code = 7
+    http_status = 502
+
+
+class InputError(AragError):
+    """The user's input is invalid (a bad id, an empty question, a bad filter)."""
+
+    exit_code = 8
+    http_status = 400
+
+
+# The public name: avoid shadowing the builtin IndexError inside arag modules.
+StoreError = IndexError_

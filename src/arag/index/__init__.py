@@ -1,0 +1,1 @@
+"""The index: one store holding dense and BM25 vectors for every chunk."""

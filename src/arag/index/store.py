@@ -1,0 +1,93 @@
+"""The index store interface: what the build, search and library layers need from a vector engine.
+
+One point per chunk, with a dense vector, a BM25 sparse vector (the engine applies IDF at query
+time) and the whole :class:`~arag.records.Chunk` as payload, so every result rebuilds its chunk.
+The default backend is :class:`arag.index.qdrant_edge.EdgeStore`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from arag.records import Chunk, ScoredChunk, SearchFilter, SparseVector
+
+
+class PaperCount(BaseModel):
+    """A paper present in the index and how many chunks it has there."""
+
+    model_config = ConfigDict(frozen=True)
+
+    paper_id: str
+    title: str
+    chunks: int
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A chunk index with dense and sparse search, payload filters and per-paper maintenance."""
+
+    dim: int
+
+    def upsert(self, chunks: Sequence[Chunk], dense: np.ndarray, sparse: Sequence[SparseVector]) -> None:
+        """Insert or replace chunks (by chunk id); ``dense`` is ``(len(chunks), dim)``."""
+        ...
+
+    def delete_paper(self, paper_id: str) -> None:
+        """Remove every chunk of one paper."""
+        ...
+
+    def dense_search(
+        self, vector: np.ndarray, limit: int, flt: SearchFilter | None = None
+    ) -> list[ScoredChunk]:
+        """The ``limit`` chunks nearest to ``vector`` (cosine), best first; source "dense"."""
+        ...
+
+    def sparse_search(
+        self, vector: SparseVector, limit: int, flt: SearchFilter | None = None
+    ) -> list[ScoredChunk]:
+        """The ``limit`` best BM25 matches for a query vector, best first; source "sparse"."""
+        ...
+
+    def count(self, flt: SearchFilter | None = None) -> int:
+        """How many chunks match ``flt`` (all chunks when None)."""
+        ...
+
+    def count_by_type(self) -> dict[str, int]:
+        """Chunk counts per chunk type ("abstract", "passage", "table")."""
+        ...
+
+    def list_papers(self) -> list[PaperCount]:
+        """Every paper in the index with its title and chunk count, sorted by paper id."""
+        ...
+
+    def paper_ids(self) -> set[str]:
+        """The ids of the papers in the index."""
+        ...
+
+    def set_topics(self, topics: Mapping[str, tuple[int, str]]) -> None:
+        """Write ``paper_id -> (topic id, label)`` into the payload of every chunk of those papers."""
+        ...
+
+    def get_chunks(self, ids: Sequence[str]) -> list[Chunk]:
+        """The chunks with these ids, in the order asked; unknown ids are skipped."""
+        ...
+
+    def optimize(self) -> None:
+        """Compact segments and build the vector indexes; call once after a build."""
+        ...
+
+    def flush(self) -> None:
+        """Persist everything written so far."""
+        ...
+
+    def size_bytes(self) -> int:
+        """Bytes the index occupies on disk."""
+        ...
+
+    def close(self) -> None:
+        """Release the index (and its lock); the store is unusable afterwards."""
+        ...

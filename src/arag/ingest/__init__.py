@@ -1,0 +1,1 @@
+"""Turning papers into chunks: sentence splitting and chunk assembly."""

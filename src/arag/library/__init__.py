@@ -1,0 +1,1 @@
+"""Building and describing the library: the resumable build, build state, topics."""

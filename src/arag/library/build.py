@@ -1,0 +1,291 @@
+"""The library build: papers -> chunks -> vectors -> one store write per batch, resumable per paper.
+
+Each batch of papers is chunked, embedded (cached by content hash), encoded for BM25, written
+to the store and flushed; only then are its papers recorded in the build state. A killed
+build therefore resumes at the first unrecorded paper, and rewriting a paper's points is
+idempotent (deterministic ids), so no chunk is ever duplicated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import BaseModel
+
+from arag.errors import AragError, IngestError
+from arag.index.factory import open_store
+from arag.index.sparse import BM25Encoder, tokenize
+from arag.index.store import Store
+from arag.ingest.chunker import chunk_paper
+from arag.library.state import Failure, LibraryState, PaperRow
+from arag.library.topics import assign_nearest, kmeans, label_clusters
+from arag.models.embedder import BaseEmbedder, get_embedder
+from arag.records import Chunk, Paper
+from arag.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Bump when chunking or payload layout changes so existing papers are rebuilt, not mixed.
+BUILD_FORMAT = 1
+# The BM25 length normalisation needs a corpus-level mean; a fresh index measures it on its
+# first batch and keeps it (stored in the build state) so later documents are comparable.
+_AVG_LEN_KEY = "bm25_avg_len"
+
+
+class BuildSummary(BaseModel):
+    """What a build did: the figures ``arag library build`` prints and benchmarks record."""
+
+    papers_seen: int = 0
+    papers_added: int = 0
+    papers_skipped: int = 0
+    papers_failed: int = 0
+    chunks_added: int = 0
+    chunks_by_type: dict[str, int] = {}
+    mean_overlap_sentences: float = 0.0
+    texts_embedded: int = 0
+    seconds: float = 0.0
+    embed_seconds: float = 0.0
+    chunks_per_second: float = 0.0
+    failures: list[Failure] = []
+    topics_updated: bool = False
+
+
+@dataclass
+class Progress:
+    """Callbacks the CLI wires to a progress bar; all optional."""
+
+    start: Callable[[int], None] = lambda total: None
+    advance: Callable[[int], None] = lambda n: None
+
+
+@dataclass
+class _Batch:
+    papers: list[Paper]
+    chunks: list[list[Chunk]]
+    failures: list[Failure] = field(default_factory=list)
+
+
+def build_key(paper: Paper, model_id: str, settings: Settings) -> str:
+    """What must match for an indexed paper to count as up to date."""
+    blob = json.dumps(
+        {
+            "content": paper.content_hash(),
+            "model": model_id,
+            "chunking": settings.chunking.model_dump(),
+            "format": BUILD_FORMAT,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class LibraryBuilder:
+    """Owns the state, store and embedder for one build or add; use as a context manager."""
+
+    def __init__(self, settings: Settings, *, embedder: BaseEmbedder | None = None) -> None:
+        self.settings = settings
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self.embedder = embedder or get_embedder(settings.embedding, settings.embedding_cache_db)
+        self.state = LibraryState(settings.state_db)
+        self._check_model()
+        self.store: Store = open_store(settings, self.embedder.dim)
+
+    def __enter__(self) -> LibraryBuilder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.store.close()
+        self.state.close()
+
+    def _check_model(self) -> None:
+        recorded = self.state.get_meta("embedding_model")
+        if recorded is None:
+            self.state.set_meta("embedding_model", self.embedder.model_id)
+            self.state.set_meta("embedding_dim", self.embedder.dim)
+        elif recorded != self.embedder.model_id:
+            raise AragError(
+                f"the library was built with embedding model {recorded!r}, "
+                f"but the settings now select {self.embedder.model_id!r}",
+                where=str(self.settings.data_dir),
+                fix="rebuild with `arag library build --rebuild`, or set ARAG_EMBEDDING__* back",
+            )
+
+    # the build
+    def index_papers(
+        self,
+        papers: Sequence[Paper],
+        *,
+        progress: Progress | None = None,
+        prior_failures: Sequence[Failure] = (),
+    ) -> BuildSummary:
+        """Index every paper not already present under the same build key; return the summary."""
+        t0 = time.perf_counter()
+        progress = progress or Progress()
+        summary = BuildSummary(papers_seen=len(papers) + len(prior_failures))
+        keys = self.state.build_keys()
+        todo = [p for p in papers if keys.get(p.id) != build_key(p, self.embedder.model_id, self.settings)]
+        summary.papers_skipped = len(papers) - len(todo)
+        failures: list[Failure] = list(prior_failures)
+        if prior_failures:
+            self.state.record_failures(prior_failures)
+        progress.start(len(todo))
+        overlaps: list[int] = []
+        by_type: Counter[str] = Counter()
+        encoder: BM25Encoder | None = None
+        for batch in self._chunked_batches(todo):
+            if batch.failures:
+                self.state.record_failures(batch.failures)
+                failures.extend(batch.failures)
+            flat = [c for cs in batch.chunks for c in cs]
+            if encoder is None:
+                encoder = self._encoder(flat)
+            if flat:
+                t_embed = time.perf_counter()
+                vectors = self.embedder.embed([c.embed_text for c in flat])
+                summary.embed_seconds += time.perf_counter() - t_embed
+                sparse = [encoder.encode_document(c.text) for c in flat]
+                for p in batch.papers:
+                    self.store.delete_paper(p.id)  # leftovers of a crashed or older build of this paper
+                self.store.upsert(flat, vectors, sparse)
+            self.store.flush()
+            self.state.record_papers(
+                [self._row(p, cs) for p, cs in zip(batch.papers, batch.chunks, strict=True)]
+            )
+            summary.papers_added += len(batch.papers)
+            summary.chunks_added += len(flat)
+            by_type.update(c.type for c in flat)
+            overlaps.extend(c.overlap_sentences for c in flat if c.type == "passage")
+            progress.advance(len(batch.papers) + len(batch.failures))
+        summary.papers_failed = len(failures)
+        summary.failures = failures
+        summary.chunks_by_type = dict(by_type)
+        summary.mean_overlap_sentences = float(np.mean(overlaps)) if overlaps else 0.0
+        summary.texts_embedded = summary.chunks_added
+        if summary.papers_added or self._topics_missing():
+            self.update_topics()
+            summary.topics_updated = True
+        if summary.papers_added:
+            # The engine merges segments and builds its vector index only when asked.
+            self.store.optimize()
+        summary.seconds = time.perf_counter() - t0
+        summary.chunks_per_second = (
+            summary.chunks_added / summary.embed_seconds if summary.embed_seconds else 0.0
+        )
+        return summary
+
+    def _encoder(self, first_chunks: Sequence[Chunk]) -> BM25Encoder:
+        avg = self.state.get_meta(_AVG_LEN_KEY)
+        if avg is None:
+            lengths = [len(tokenize(c.text)) for c in first_chunks]
+            avg = float(np.mean(lengths)) if lengths else 100.0
+            self.state.set_meta(_AVG_LEN_KEY, avg)
+        return BM25Encoder(avg_len=float(avg))
+
+    def _chunked_batches(self, papers: Sequence[Paper]) -> Iterator[_Batch]:
+        """Chunk batches in a background thread so tokenising overlaps with embedding."""
+        size = max(1, self.settings.store.papers_per_batch)
+        q: queue.Queue[_Batch | BaseException | None] = queue.Queue(maxsize=2)
+
+        def produce() -> None:
+            try:
+                for i in range(0, len(papers), size):
+                    q.put(self._chunk_batch(papers[i : i + size]))
+                q.put(None)
+            except BaseException as exc:  # surfaced in the consumer, never swallowed
+                q.put(exc)
+
+        worker = threading.Thread(target=produce, name="arag-chunker", daemon=True)
+        worker.start()
+        while True:
+            item = q.get()
+            if item is None:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+        worker.join()
+
+    def _chunk_batch(self, papers: Sequence[Paper]) -> _Batch:
+        batch = _Batch(papers=[], chunks=[])
+        for paper in papers:
+            try:
+                chunks = chunk_paper(paper, self.embedder.count_tokens, self.settings.chunking)
+                if not chunks:
+                    raise IngestError(
+                        "no chunk survived chunking (no text?)",
+                        where=f"paper {paper.id}",
+                        fix="check the source document",
+                    )
+            except Exception as exc:  # one bad paper is logged and skipped, never silently dropped
+                log.warning("skipping paper %s: %s", paper.id, exc)
+                batch.failures.append(Failure(key=paper.id, source=paper.source, reason=str(exc)))
+                continue
+            batch.papers.append(paper)
+            batch.chunks.append(chunks)
+        return batch
+
+    def _row(self, paper: Paper, chunks: Sequence[Chunk]) -> PaperRow:
+        abstract = next((c.embed_text for c in chunks if c.type == "abstract"), paper.title)
+        return PaperRow(
+            id=paper.id,
+            title=paper.title,
+            source=paper.source,
+            source_path=paper.source_path,
+            build_key=build_key(paper, self.embedder.model_id, self.settings),
+            n_chunks=len(chunks),
+            year=paper.year,
+            month=paper.month,
+            authors=paper.authors,
+            topic=None,
+            topic_label=None,
+            abstract_text=abstract,
+        )
+
+    # topics
+    def _topics_missing(self) -> bool:
+        return any(r.topic is None for r in self.state.papers())
+
+    def update_topics(self, *, recluster: bool = False) -> None:
+        """Cluster abstract vectors (or place new papers at the nearest existing centroid)."""
+        rows = self.state.papers()
+        if not rows:
+            return
+        vectors = self.embedder.embed([r.abstract_text or r.title for r in rows])
+        centroids = self.state.get_meta("topic_centroids")
+        clustered_n = self.state.get_meta("topic_clustered_papers") or 0
+        grown = len(rows) > 1.1 * clustered_n
+        if recluster or centroids is None or grown:
+            assign, cents = kmeans(vectors, self.settings.topics.k, seed=self.settings.topics.seed)
+            labels = label_clusters(
+                [r.abstract_text or r.title for r in rows],
+                assign.tolist(),
+                self.settings.topics.label_terms,
+            )
+            self.state.set_meta("topic_centroids", cents.tolist())
+            self.state.set_meta("topic_labels", {str(k): v for k, v in labels.items()})
+            self.state.set_meta("topic_clustered_papers", len(rows))
+        else:
+            cents = np.asarray(centroids, dtype=np.float32)
+            assign = assign_nearest(vectors, cents)
+            labels = {int(k): v for k, v in (self.state.get_meta("topic_labels") or {}).items()}
+        topics = {
+            r.id: (int(a), labels.get(int(a), f"topic {int(a)}")) for r, a in zip(rows, assign, strict=True)
+        }
+        current = {r.id: (r.topic, r.topic_label) for r in rows}
+        changed = {pid: t for pid, t in topics.items() if current[pid] != t}
+        if changed:
+            self.store.set_topics(changed)
+            self.store.flush()
+            self.state.set_topics(changed)

@@ -1,0 +1,127 @@
+"""The library's operations, shared by the CLI, benchmarks and (later) the API."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from arag.corpus.qasper import load_qasper
+from arag.errors import InputError
+from arag.library.build import BuildSummary, LibraryBuilder, Progress
+from arag.library.state import Failure, LibraryState, PaperRow
+from arag.settings import Settings
+
+
+def reset_library(settings: Settings) -> None:
+    """Delete the index and the build state (the embedding cache is kept: vectors stay valid)."""
+    if settings.index_dir.exists():
+        shutil.rmtree(settings.index_dir)
+    for suffix in ("", "-wal", "-shm"):
+        p = Path(str(settings.state_db) + suffix)
+        if p.exists():
+            p.unlink()
+
+
+def build_library(
+    settings: Settings, *, progress: Progress | None = None, rebuild: bool = False
+) -> BuildSummary:
+    """Build (or bring up to date) the default QASPER library."""
+    if rebuild:
+        reset_library(settings)
+    papers, corpus_failures = load_qasper(
+        settings.corpus.qasper_path,
+        max_papers=settings.corpus.max_papers,
+        paper_ids=settings.corpus.paper_ids,
+    )
+    prior = [Failure(key=e.where or "qasper", source="qasper", reason=e.what) for e in corpus_failures]
+    with LibraryBuilder(settings) as builder:
+        summary = builder.index_papers(papers, progress=progress, prior_failures=prior)
+        builder.state.set_meta("last_build", summary.model_dump(exclude={"failures"}))
+    return summary
+
+
+def add_pdfs(settings: Settings, paths: Sequence[Path], *, progress: Progress | None = None) -> BuildSummary:
+    """Ingest PDFs (files or folders) into the library; bad files are logged and skipped."""
+    from arag.corpus.pdf import papers_from_paths
+
+    missing = [p for p in paths if not p.exists()]
+    if missing:
+        raise InputError(
+            f"no such file or directory: {', '.join(map(str, missing))}",
+            where="arag library add",
+            fix="check the paths (a PDF file or a folder of PDFs)",
+        )
+    papers, failures = papers_from_paths(list(paths))
+    prior = [Failure(key=f.path, source="pdf", reason=f.reason) for f in failures]
+    with LibraryBuilder(settings) as builder:
+        return builder.index_papers(papers, progress=progress, prior_failures=prior)
+
+
+class LibraryStatus(BaseModel):
+    """What ``arag library status`` shows."""
+
+    data_dir: str
+    papers: int
+    papers_by_source: dict[str, int]
+    chunks: int
+    chunks_by_type: dict[str, int]
+    embedding_model: str | None
+    embedding_dim: int | None
+    index_bytes: int
+    state_bytes: int
+    topics: dict[str, str]
+    failures: list[Failure]
+    last_build: dict | None
+
+
+def library_status(settings: Settings) -> LibraryStatus:
+    """Figures about the library on disk; does not load any model."""
+    from arag.index.factory import open_store
+
+    state = LibraryState(settings.state_db)
+    try:
+        rows = state.papers()
+        dim = state.get_meta("embedding_dim")
+        by_source: dict[str, int] = {}
+        for r in rows:
+            by_source[r.source] = by_source.get(r.source, 0) + 1
+        chunks_by_type: dict[str, int] = {}
+        index_bytes = 0
+        if dim is not None and settings.index_dir.exists():
+            store = open_store(settings, int(dim), create=False)
+            try:
+                chunks_by_type = store.count_by_type()
+                index_bytes = store.size_bytes()
+            finally:
+                store.close()
+        state_bytes = sum(
+            p.stat().st_size for p in settings.data_dir.glob(settings.state_db.name + "*") if p.is_file()
+        )
+        return LibraryStatus(
+            data_dir=str(settings.data_dir),
+            papers=len(rows),
+            papers_by_source=by_source,
+            chunks=sum(chunks_by_type.values()),
+            chunks_by_type=chunks_by_type,
+            embedding_model=state.get_meta("embedding_model"),
+            embedding_dim=dim,
+            index_bytes=index_bytes,
+            state_bytes=state_bytes,
+            topics=state.get_meta("topic_labels") or {},
+            failures=state.failures(),
+            last_build=state.get_meta("last_build"),
+        )
+    finally:
+        state.close()
+
+
+def list_papers(settings: Settings, *, topic: int | None = None) -> list[PaperRow]:
+    """The papers in the library, optionally those of one topic."""
+    state = LibraryState(settings.state_db)
+    try:
+        return state.papers(topic=topic)
+    finally:
+        state.close()

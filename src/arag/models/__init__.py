@@ -1,0 +1,1 @@
+"""Swappable models behind small protocols (embedders now; rerankers and LLMs later)."""

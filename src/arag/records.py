@@ -1,0 +1,125 @@
+"""Typed records shared by every layer: papers, chunks, scored chunks.
+
+All sources (QASPER, PDFs, arXiv) produce the same ``Paper`` shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ChunkType = Literal["abstract", "passage", "table"]
+PaperSource = Literal["qasper", "pdf", "arxiv"]
+
+
+class Section(BaseModel):
+    """A section of a paper's body: its heading and its paragraphs, in order."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    paragraphs: list[str]
+
+
+class Table(BaseModel):
+    """A table extracted from a document, as text, with its caption when one was found."""
+
+    model_config = ConfigDict(frozen=True)
+
+    caption: str | None = None
+    text: str
+    page: int | None = None
+    section: str | None = None
+
+
+class Paper(BaseModel):
+    """One paper of the library, whatever its source."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str = Field(description="arXiv id for QASPER/arXiv papers; 'pdf:<stem>-<hash8>' for local PDFs")
+    title: str
+    abstract: str = ""
+    sections: list[Section] = Field(default_factory=list)
+    tables: list[Table] = Field(default_factory=list)
+    authors: list[str] = Field(default_factory=list)
+    year: int | None = None
+    month: int | None = None
+    categories: list[str] = Field(default_factory=list)
+    source: PaperSource
+    source_path: str | None = None
+
+    def content_hash(self) -> str:
+        """SHA-256 over the text content: unchanged papers are skipped on rebuild."""
+        payload = {
+            "title": self.title,
+            "abstract": self.abstract,
+            "sections": [[s.name, s.paragraphs] for s in self.sections],
+            "tables": [[t.caption, t.text] for t in self.tables],
+        }
+        blob = json.dumps(payload, ensure_ascii=False, sort_keys=True).encode("utf-8")
+        return hashlib.sha256(blob).hexdigest()
+
+    @property
+    def n_paragraphs(self) -> int:
+        return sum(len(s.paragraphs) for s in self.sections)
+
+
+class Chunk(BaseModel):
+    """A unit of retrieval. ``embed_text`` is what the embedder reads; BM25 sees ``text``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str = Field(description="'<paper_id>:<index:04d>:<sha256(text)[:8]>', stable across rebuilds")
+    paper_id: str
+    index: int
+    title: str
+    section: str | None = None
+    type: ChunkType
+    text: str
+    embed_text: str
+    n_tokens: int = Field(description="embedding-model word-pieces of embed_text, special tokens excluded")
+    overlap_sentences: int = 0
+    year: int | None = None
+    topic: int | None = None
+    topic_label: str | None = None
+
+
+def chunk_id(paper_id: str, index: int, text: str) -> str:
+    """The stable chunk id: paper id + position + content hash."""
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
+    return f"{paper_id}:{index:04d}:{digest}"
+
+
+class SparseVector(BaseModel):
+    """A BM25 term vector: hashed term ids and their weights (the engine applies IDF)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    indices: list[int]
+    values: list[float]
+
+
+class ScoredChunk(BaseModel):
+    """A chunk with the score one search (or a fusion) gave it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    chunk: Chunk
+    score: float
+    source: str = Field(default="", description="which search produced it: dense, sparse, fused, ...")
+
+
+class SearchFilter(BaseModel):
+    """Restrict a search to some papers, chunk types, years or topics. ``None`` means no restriction."""
+
+    model_config = ConfigDict(frozen=True)
+
+    paper_ids: list[str] | None = None
+    types: list[ChunkType] | None = None
+    year_min: int | None = None
+    year_max: int | None = None
+    topics: list[int] | None = None

@@ -1,0 +1,191 @@
+"""The one settings tree. The only module that reads ``ARAG_*`` environment variables.
+
+Sources, highest priority first: keyword arguments, environment (``ARAG_EMBEDDING__BATCH_SIZE=64``),
+a TOML config file (``ARAG_CONFIG`` or ``<config dir>/arag/config.toml``), defaults.
+Built by :func:`get_settings`, never at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import platformdirs
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from arag.errors import ConfigError
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+# The shared data lives beside the repository (../shared); found from the package or the working dir.
+_SHARED_CANDIDATES = (_REPO_ROOT.parent / "shared", Path.cwd().parent / "shared", Path.cwd() / "shared")
+
+
+def find_shared_dir() -> Path | None:
+    """The ``../shared`` folder next to the repository, if present."""
+    for cand in _SHARED_CANDIDATES:
+        if (cand / "corpus").is_dir() or (cand / "benchmarks").is_dir():
+            return cand.resolve()
+    return None
+
+
+def _default_qasper_path() -> Path:
+    shared = find_shared_dir()
+    if shared is not None:
+        return shared / "corpus" / "qasper" / "papers.jsonl.gz"
+    return Path(platformdirs.user_data_dir("arag")) / "corpus" / "qasper" / "papers.jsonl.gz"
+
+
+class CorpusSettings(BaseModel):
+    """Where the paper sources are."""
+
+    qasper_path: Path = Field(default_factory=_default_qasper_path)
+    # A limit for quick libraries (tests, benchmarks); None builds every paper.
+    max_papers: int | None = None
+    # Papers to take, by id, before max_papers applies (tests pick a few known papers).
+    paper_ids: list[str] | None = None
+
+
+class ChunkSettings(BaseModel):
+    """Chunk sizes, in the embedding model's own word-pieces."""
+
+    target_tokens: int = 200
+    # Hard ceiling for embed_text (title + section prefix + text); the model reads 256 incl. [CLS]/[SEP].
+    max_tokens: int = 254
+    min_tokens: int = 20
+    overlap_sentences: int = 2
+
+
+class EmbeddingSettings(BaseModel):
+    """Which embedder, and how it runs."""
+
+    provider: Literal["onnx-minilm", "sentence-transformers", "openai", "hash"] = "onnx-minilm"
+    # For sentence-transformers: a hub id or a local path; for openai: the model name.
+    model: str = "all-MiniLM-L6-v2"
+    dim: int = 384
+    batch_size: int = 32
+    max_length: int = 256
+    threads: int = 2
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    timeout_s: float = 60.0
+
+
+class StoreSettings(BaseModel):
+    """The index engine."""
+
+    backend: Literal["qdrant-edge"] = "qdrant-edge"
+    # Papers embedded and written per step: bigger batches pad less, smaller ones lose less on a crash.
+    papers_per_batch: int = 24
+
+
+class TopicSettings(BaseModel):
+    """Topic clustering of abstract vectors."""
+
+    k: int = 20
+    seed: int = 0
+    label_terms: int = 4
+
+
+class ArxivSettings(BaseModel):
+    """The arXiv API client used by ``arag corpus select`` / ``fetch``."""
+
+    api_url: str = "https://export.arxiv.org/api/query"
+    pdf_url: str = "https://arxiv.org/pdf/{id}"
+    delay_s: float = 3.0
+    retries: int = 4
+    backoff_s: float = 2.0
+    timeout_s: float = 30.0
+
+
+class Settings(BaseSettings):
+    """All of arag's settings."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ARAG_",
+        env_nested_delimiter="__",
+        extra="forbid",
+    )
+
+    data_dir: Path = Field(default_factory=lambda: Path(platformdirs.user_data_dir("arag")))
+    threads: int = 2
+    log_level: str = "WARNING"
+    corpus: CorpusSettings = Field(default_factory=CorpusSettings)
+    chunking: ChunkSettings = Field(default_factory=ChunkSettings)
+    embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    topics: TopicSettings = Field(default_factory=TopicSettings)
+    arxiv: ArxivSettings = Field(default_factory=ArxivSettings)
+
+    @field_validator("data_dir")
+    @classmethod
+    def _expand(cls, v: Path) -> Path:
+        return v.expanduser()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = config_path()
+        if config_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
+        return tuple(sources)
+
+    # Derived locations inside the data directory.
+    @property
+    def index_dir(self) -> Path:
+        return self.data_dir / "index"
+
+    @property
+    def state_db(self) -> Path:
+        return self.data_dir / "library.sqlite3"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.data_dir / "cache"
+
+    @property
+    def embedding_cache_db(self) -> Path:
+        return self.cache_dir / "embeddings.sqlite3"
+
+
+def config_path() -> Path | None:
+    """The TOML config file in force, if any (``ARAG_CONFIG`` wins over the default location)."""
+    explicit = os.environ.get("ARAG_CONFIG")
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise ConfigError(
+                f"config file {path} does not exist",
+                where="ARAG_CONFIG",
+                fix="point ARAG_CONFIG at an existing TOML file, or unset it",
+            )
+        return path
+    default = Path(platformdirs.user_config_dir("arag")) / "config.toml"
+    return default if default.is_file() else None
+
+
+def get_settings(**overrides: Any) -> Settings:
+    """Build the settings from overrides, the environment and the config file."""
+    try:
+        return Settings(**overrides)
+    except ConfigError:
+        raise
+    except Exception as exc:  # pydantic ValidationError: say which setting is wrong
+        raise ConfigError(
+            f"invalid settings: {exc}",
+            where="ARAG_* environment / config file",
+            fix="correct or unset the setting named above",
+        ) from exc

@@ -1,0 +1,38 @@
+"""Test isolation: every test gets its own data directory and no user config file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from arag.settings import find_shared_dir
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    data = tmp_path_factory.mktemp("arag-data")
+    cfg = data / "empty-config.toml"
+    cfg.write_text("")
+    monkeypatch.setenv("ARAG_DATA_DIR", str(data))
+    monkeypatch.setenv("ARAG_CONFIG", str(cfg))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for var in ("ARAG_EMBEDDING__PROVIDER", "ARAG_CORPUS__QASPER_PATH", "ARAG_CORPUS__MAX_PAPERS"):
+        monkeypatch.delenv(var, raising=False)
+    return data
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    shared = find_shared_dir()
+    if shared is None:
+        pytest.skip("../shared (corpus, benchmarks, pdfs) is not beside the repository")
+    return shared
+
+
+@pytest.fixture(scope="session")
+def qasper_path(shared_dir: Path) -> Path:
+    path = shared_dir / "corpus" / "qasper" / "papers.jsonl.gz"
+    if not path.is_file():
+        pytest.skip(f"{path} is missing")
+    return path

@@ -1,0 +1,140 @@
+"""The library build on a few real QASPER papers, with the hash embedder (fast, deterministic)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from arag.errors import AragError
+from arag.library.build import LibraryBuilder
+from arag.library.manage import build_library, library_status, list_papers
+from arag.settings import Settings, get_settings
+
+
+def _settings(data_dir: Path, n: int, **extra: object) -> Settings:
+    return get_settings(
+        data_dir=data_dir,
+        corpus={"max_papers": n},
+        embedding={"provider": "hash"},
+        topics={"k": 3},
+        store={"papers_per_batch": 3},
+        **extra,
+    )
+
+
+def test_build_then_status_then_noop(tmp_path: Path, qasper_path: Path) -> None:
+    s = _settings(tmp_path / "lib", 8)
+    summary = build_library(s)
+    assert summary.papers_added == 8 and summary.papers_failed == 0
+    assert summary.chunks_by_type["abstract"] >= 8  # a long abstract splits in two
+    assert summary.chunks_by_type["passage"] > 8 * 5
+    assert 0.0 < summary.mean_overlap_sentences <= 2.0
+    st = library_status(s)
+    assert st.papers == 8
+    assert st.chunks == summary.chunks_added == sum(st.chunks_by_type.values())
+    assert st.embedding_model == "hash-384"
+    assert st.index_bytes > 0
+    rows = list_papers(s)
+    assert sum(r.n_chunks for r in rows) == st.chunks
+    assert all(r.topic is not None and r.topic_label for r in rows)
+    assert len(st.topics) == 3
+
+    again = build_library(s)
+    assert again.papers_added == 0 and again.papers_skipped == 8 and again.chunks_added == 0
+    assert library_status(s).chunks == st.chunks
+
+
+def test_topic_filter_lists_a_partition(tmp_path: Path, qasper_path: Path) -> None:
+    s = _settings(tmp_path / "lib", 8)
+    build_library(s)
+    by_topic = [list_papers(s, topic=t) for t in range(3)]
+    assert sorted(p.id for group in by_topic for p in group) == sorted(p.id for p in list_papers(s))
+
+
+def test_growing_the_library_adds_only_new_papers(tmp_path: Path, qasper_path: Path) -> None:
+    build_library(_settings(tmp_path / "lib", 4))
+    s6 = _settings(tmp_path / "lib", 6)
+    summary = build_library(s6)
+    assert summary.papers_added == 2 and summary.papers_skipped == 4
+    assert library_status(s6).papers == 6
+
+
+def test_changed_chunking_rebuilds_without_duplicates(tmp_path: Path, qasper_path: Path) -> None:
+    s = _settings(tmp_path / "lib", 3)
+    build_library(s)
+    smaller = _settings(tmp_path / "lib", 3, chunking={"target_tokens": 120})
+    summary = build_library(smaller)
+    assert summary.papers_added == 3
+    st = library_status(smaller)
+    assert st.chunks == summary.chunks_added  # old chunks of those papers are gone
+
+
+def test_model_change_requires_rebuild(tmp_path: Path, qasper_path: Path) -> None:
+    s = _settings(tmp_path / "lib", 2)
+    build_library(s)
+    other = s.model_copy(update={"embedding": s.embedding.model_copy(update={"dim": 64})})
+    with pytest.raises(AragError, match="--rebuild"):
+        LibraryBuilder(other)
+    summary = build_library(other, rebuild=True)
+    assert summary.papers_added == 2
+
+
+def _build_env(data_dir: Path, n: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        ARAG_DATA_DIR=str(data_dir),
+        ARAG_EMBEDDING__PROVIDER="hash",
+        ARAG_CORPUS__MAX_PAPERS=str(n),
+        ARAG_STORE__PAPERS_PER_BATCH="2",
+        ARAG_TOPICS__K="4",
+    )
+    return env
+
+
+def _recorded(state_db: Path) -> int:
+    if not state_db.exists():
+        return 0
+    try:
+        with sqlite3.connect(state_db, timeout=1) as db:
+            return int(db.execute("SELECT count(*) FROM papers").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
+
+
+def test_killed_build_resumes_to_the_same_library(tmp_path: Path, qasper_path: Path) -> None:
+    n = 120
+    killed_dir = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "arag", "library", "build"]
+    proc = subprocess.Popen(
+        cmd, env=_build_env(killed_dir, n), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 180
+    while _recorded(killed_dir / "library.sqlite3") < 10:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert time.monotonic() < deadline, "the build made no progress"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done_at_kill = _recorded(killed_dir / "library.sqlite3")
+    assert proc.returncode == -signal.SIGKILL
+    assert done_at_kill < n, "the build finished before it could be killed"
+
+    resumed = subprocess.run(cmd, env=_build_env(killed_dir, n), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    clean_dir = tmp_path / "clean"
+    clean = subprocess.run(cmd, env=_build_env(clean_dir, n), capture_output=True, text=True)
+    assert clean.returncode == 0, clean.stderr
+
+    a = get_settings(data_dir=killed_dir, embedding={"provider": "hash"})
+    b = get_settings(data_dir=clean_dir, embedding={"provider": "hash"})
+    sa, sb = library_status(a), library_status(b)
+    assert sa.papers == sb.papers == n
+    assert sa.chunks_by_type == sb.chunks_by_type
+    assert {r.id: r.n_chunks for r in list_papers(a)} == {r.id: r.n_chunks for r in list_papers(b)}

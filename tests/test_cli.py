@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from arag.cli.main import app
+from arag.errors import CorpusError
+
+runner = CliRunner()
+
+
+def test_help_lists_the_commands() -> None:
+    out = runner.invoke(app, ["--help"]).output
+    for word in ("library", "papers", "corpus", "bench"):
+        assert word in out
+    lib = runner.invoke(app, ["library", "--help"]).output
+    for word in ("build", "status", "add"):
+        assert word in lib
+
+
+def test_build_status_papers_round_trip(
+    monkeypatch: pytest.MonkeyPatch, qasper_path: Path, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ARAG_EMBEDDING__PROVIDER", "hash")
+    monkeypatch.setenv("ARAG_TOPICS__K", "2")
+    res = runner.invoke(app, ["library", "build", "--max-papers", "3", "--json", str(tmp_path / "b.json")])
+    assert res.exit_code == 0, res.output
+    assert "papers added" in res.output
+    summary = json.loads((tmp_path / "b.json").read_text())
+    assert summary["papers_added"] == 3
+
+    status = runner.invoke(app, ["library", "status", "--json"])
+    assert status.exit_code == 0, status.output
+    st = json.loads(status.output)
+    assert st["papers"] == 3 and st["chunks"] == summary["chunks_added"]
+
+    listing = runner.invoke(app, ["papers", "--json"])
+    rows = [json.loads(line) for line in listing.output.splitlines()]
+    assert [r["id"] for r in rows] == ["1601.00901", "1601.01705", "1601.02166"]
+    topic = rows[0]["topic"]
+    only = runner.invoke(app, ["papers", "--json", "--topic", str(topic)])
+    assert all(json.loads(line)["topic"] == topic for line in only.output.splitlines())
+    assert "label" in runner.invoke(app, ["papers", "--topics"]).output
+
+
+def test_missing_corpus_exits_with_a_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ARAG_EMBEDDING__PROVIDER", "hash")
+    monkeypatch.setenv("ARAG_CORPUS__QASPER_PATH", str(tmp_path / "nowhere.jsonl.gz"))
+    res = runner.invoke(app, ["library", "build"])
+    assert res.exit_code == CorpusError.exit_code
+    assert "nowhere.jsonl.gz" in res.output and "fix:" in res.output
+
+
+def test_status_of_an_empty_library_says_what_to_do() -> None:
+    res = runner.invoke(app, ["library", "status"])
+    assert res.exit_code == 0
+    assert "arag library build" in res.output
