@@ -138,3 +138,26 @@ def test_killed_build_resumes_to_the_same_library(tmp_path: Path, qasper_path: P
     assert sa.papers == sb.papers == n
     assert sa.chunks_by_type == sb.chunks_by_type
     assert {r.id: r.n_chunks for r in list_papers(a)} == {r.id: r.n_chunks for r in list_papers(b)}
+
+
+def test_add_pdfs_with_tables_and_bad_files(tmp_path: Path, shared_dir: Path) -> None:
+    pdfs = tmp_path / "pdfs"
+    pdfs.mkdir()
+    (pdfs / "corrupt.pdf").write_bytes(b"%PDF-1.7\n" + os.urandom(2048))
+    (pdfs / "empty.pdf").write_bytes(b"")
+    s = _settings(tmp_path / "lib", 0)
+    from arag.library.manage import add_pdfs
+
+    real = shared_dir / "pdfs" / "papermage_2020.acl-main.447.pdf"
+    summary = add_pdfs(s, [real, pdfs])
+    assert summary.papers_added == 1
+    assert summary.chunks_by_type.get("table", 0) >= 1
+    assert sorted(Path(f.key).name for f in summary.failures) == ["corrupt.pdf", "empty.pdf"]
+    st = library_status(s)
+    assert st.papers_by_source == {"pdf": 1}
+    assert {Path(f.key).name for f in st.failures} == {"corrupt.pdf", "empty.pdf"}
+    (row,) = list_papers(s)
+    assert row.id.startswith("pdf:") and "S2ORC" in row.title
+    # adding the same file again changes nothing
+    again = add_pdfs(s, [real])
+    assert again.papers_added == 0 and again.papers_skipped == 1

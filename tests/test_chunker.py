@@ -121,13 +121,25 @@ def test_paragraph_boundary_is_the_preferred_break() -> None:
     assert texts(chunks) == ["A1 A2 A3. B1 B2 B3.", "C1 C2 C3. D1 D2 D3."]
 
 
-def test_overlap_gives_way_to_keep_a_paragraph_whole() -> None:
+def test_a_chunk_starting_a_paragraph_carries_no_overlap() -> None:
     p1 = " ".join([sent("A", 3), sent("B", 3), sent("C", 3)])
     p2 = f"{sent('D', 3)} {sent('E', 3)}"
     chunks = chunk_paper(paper([("Intro", [p1, p2])]), words, SMALL)
-    # Carrying B and C (6) beside the paragraph (6) would exceed 10 and split it: only C is carried.
-    assert texts(chunks) == [p1, "C1 C2 C3.\nD1 D2 D3. E1 E2 E3."]
-    assert [c.overlap_sentences for c in chunks] == [0, 1]
+    assert texts(chunks) == [p1, "D1 D2 D3. E1 E2 E3."]
+    assert [c.overlap_sentences for c in chunks] == [0, 0]
+
+
+def test_overlap_is_capped_in_tokens() -> None:
+    para = " ".join(sent(t, 3) for t in "ABCDEF")
+    capped = SMALL.model_copy(update={"overlap_max_tokens": 3})
+    chunks = chunk_paper(paper([("Intro", [para])]), words, capped)
+    # Two carried sentences would be 6 tokens, over the cap of 3: one is carried.
+    assert texts(chunks) == [
+        "A1 A2 A3. B1 B2 B3. C1 C2 C3.",
+        "C1 C2 C3. D1 D2 D3. E1 E2 E3.",
+        "E1 E2 E3. F1 F2 F3.",
+    ]
+    assert [c.overlap_sentences for c in chunks] == [0, 1, 1]
 
 
 def test_paragraph_longer_than_a_chunk_first_fills_the_room_left() -> None:
@@ -140,8 +152,8 @@ def test_paragraph_longer_than_a_chunk_first_fills_the_room_left() -> None:
 def test_small_paragraphs_are_packed_with_newlines() -> None:
     paras = [sent("A", 2), sent("B", 2), sent("C", 2), sent("D", 5)]
     chunks = chunk_paper(paper([("Intro", paras)]), words, SMALL)
-    assert texts(chunks) == ["A1 A2.\nB1 B2.\nC1 C2.", "B1 B2.\nC1 C2.\nD1 D2 D3 D4 D5."]
-    assert [c.overlap_sentences for c in chunks] == [0, 2]
+    assert texts(chunks) == ["A1 A2.\nB1 B2.\nC1 C2.", "D1 D2 D3 D4 D5."]
+    assert [c.overlap_sentences for c in chunks] == [0, 0]
 
 
 def test_chunks_never_span_sections() -> None:

@@ -60,6 +60,8 @@ class ChunkSettings(BaseModel):
     max_tokens: int = 254
     min_tokens: int = 20
     overlap_sentences: int = 2
+    # Overlap is carried only inside a paragraph cut across chunks, and never more than this.
+    overlap_max_tokens: int = 50
 
 
 class EmbeddingSettings(BaseModel):
