@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from arag.corpus.qasper import load_qasper
+from arag.records import Paper
 from arag.settings import find_shared_dir
 
 
@@ -36,3 +38,22 @@ def qasper_path(shared_dir: Path) -> Path:
     if not path.is_file():
         pytest.skip(f"{path} is missing")
     return path
+
+
+def qasper_papers(n: int) -> list[Paper]:
+    """The first ``n`` papers of the shared QASPER corpus (skips the test when it is absent)."""
+    shared = find_shared_dir()
+    path = shared / "corpus" / "qasper" / "papers.jsonl.gz" if shared else None
+    if path is None or not path.is_file():
+        pytest.skip("../shared/corpus/qasper/papers.jsonl.gz is needed for this test")
+    papers, _ = load_qasper(path, max_papers=n)
+    return papers
+
+
+def qasper_paragraphs(n_papers: int) -> list[str]:
+    """Abstracts and body paragraphs of the first ``n_papers`` QASPER papers."""
+    out: list[str] = []
+    for paper in qasper_papers(n_papers):
+        out.append(paper.abstract)
+        out.extend(p for s in paper.sections for p in s.paragraphs)
+    return out

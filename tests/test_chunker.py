@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections.abc import Sequence
-from itertools import islice
 
 import pytest
 
 from arag.ingest.chunker import chunk_paper, embed_text_for, mean_overlap, wordpiece_counter
 from arag.ingest.splitter import split_sentences
 from arag.records import Chunk, Paper, Section, Table, chunk_id
-from arag.settings import ChunkSettings, find_shared_dir
+from arag.settings import ChunkSettings
+from conftest import qasper_papers
 
 PID = "2001.00001"
 # Prefix "Title: T\nSection: <one word>\n" is 4 whitespace tokens: body ceiling 12, target 10.
@@ -287,28 +285,7 @@ def test_mean_overlap_of_no_passages_is_zero() -> None:
 
 
 def _qasper_papers(n: int) -> list[Paper]:
-    shared = find_shared_dir()
-    if shared is None:
-        pytest.skip("../shared not found: the QASPER corpus is needed for this test")
-    path = shared / "corpus" / "qasper" / "papers.jsonl.gz"
-    if not path.is_file():
-        pytest.skip(f"{path} missing")
-    papers: list[Paper] = []
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        for line in islice(fh, n):
-            raw = json.loads(line)
-            sections = [Section(name=s["section"] or "", paragraphs=s["paragraphs"]) for s in raw["sections"]]
-            papers.append(
-                Paper(
-                    id=raw["id"],
-                    title=raw["title"],
-                    abstract=raw["abstract"],
-                    sections=sections,
-                    year=2000 + int(raw["id"][:2]),
-                    source="qasper",
-                )
-            )
-    return papers
+    return qasper_papers(n)
 
 
 def test_real_tokenizer_ceiling_on_qasper_papers() -> None:

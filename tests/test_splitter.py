@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
-from itertools import islice
 
 import pytest
 
 from arag.ingest.splitter import split_sentences
-from arag.settings import find_shared_dir
+from conftest import qasper_paragraphs
 
 CASES: list[tuple[str, list[str]]] = [
     # Abbreviations that never end a sentence.
@@ -191,20 +188,7 @@ def _collapse(text: str) -> str:
 
 
 def _qasper_paragraphs(n_papers: int = 40) -> list[str]:
-    shared = find_shared_dir()
-    if shared is None:
-        pytest.skip("../shared not found: the QASPER corpus is needed for this test")
-    path = shared / "corpus" / "qasper" / "papers.jsonl.gz"
-    if not path.is_file():
-        pytest.skip(f"{path} missing")
-    paragraphs: list[str] = []
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        for line in islice(fh, n_papers):
-            paper = json.loads(line)
-            paragraphs.append(paper["abstract"])
-            for section in paper["sections"]:
-                paragraphs.extend(section["paragraphs"])
-    return paragraphs
+    return qasper_paragraphs(n_papers)
 
 
 def test_reconstruction_on_qasper() -> None:

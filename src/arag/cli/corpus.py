@@ -3,27 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from arag.cli.common import console, err_console, handle_errors, load_settings
 from arag.corpus.arxiv import ArxivClient, FetchReport, fetch, select
 from arag.corpus.manifest import Manifest, load_spec, read_manifest, write_manifest
-from arag.errors import AragError, NetworkError
-from arag.settings import get_settings
+from arag.errors import NetworkError
 
 corpus_app = typer.Typer(
     help="Build a corpus from arXiv: select papers from a spec into a manifest, then fetch their PDFs.",
     no_args_is_help=True,
 )
-
-
-def _fail(err: AragError) -> NoReturn:
-    Console(stderr=True).print(f"[red]error: {escape(str(err))}[/red]", soft_wrap=True)
-    raise typer.Exit(err.exit_code)
 
 
 def _selection_table(manifest: Manifest) -> Table:
@@ -62,6 +57,7 @@ def _gate_table(manifest: Manifest) -> Table:
 
 
 @corpus_app.command("select")
+@handle_errors
 def select_cmd(
     spec: Annotated[Path, typer.Argument(help="Selection spec (TOML or JSON).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the manifest.")] = Path(
@@ -72,16 +68,12 @@ def select_cmd(
     ] = None,
 ) -> None:
     """Resolve a selection spec against arXiv and write the manifest (the corpus, pinned)."""
-    console = Console()
-    try:
-        settings = get_settings()
-        selection = load_spec(spec)
-        with ArxivClient(settings.arxiv, cache_dir or settings.cache_dir) as client:
-            manifest = select(selection, client)
-            requests = client.requests
-        write_manifest(manifest, out)
-    except AragError as err:
-        _fail(err)
+    settings = load_settings()
+    selection = load_spec(spec)
+    with ArxivClient(settings.arxiv, cache_dir or settings.cache_dir) as client:
+        manifest = select(selection, client)
+        requests = client.requests
+    write_manifest(manifest, out)
     console.print(_selection_table(manifest))
     console.print(_gate_table(manifest))
     if manifest.counts.missing:
@@ -109,6 +101,7 @@ def _print_report(console: Console, report: FetchReport) -> None:
 
 
 @corpus_app.command("fetch")
+@handle_errors
 def fetch_cmd(
     manifest_path: Annotated[Path, typer.Argument(metavar="MANIFEST", help="Manifest from `corpus select`.")],
     dest: Annotated[
@@ -116,18 +109,14 @@ def fetch_cmd(
     ] = None,
 ) -> None:
     """Download the manifest's PDFs; complete files are skipped, so rerunning resumes."""
-    console = Console()
-    try:
-        settings = get_settings()
-        manifest = read_manifest(manifest_path)
-        folder = dest or settings.data_dir / "pdfs"
-        with ArxivClient(settings.arxiv, settings.cache_dir) as client:
-            report = fetch(manifest, folder, client, console=console)
-    except AragError as err:
-        _fail(err)
+    settings = load_settings()
+    manifest = read_manifest(manifest_path)
+    folder = dest or settings.data_dir / "pdfs"
+    with ArxivClient(settings.arxiv, settings.cache_dir) as client:
+        report = fetch(manifest, folder, client, console=console)
     _print_report(console, report)
     if report.failed:
-        Console(stderr=True).print(
+        err_console.print(
             f"[red]{len(report.failed)} downloads failed; rerun "
             f"`arag corpus fetch {escape(str(manifest_path))}` to resume them[/red]",
             soft_wrap=True,
