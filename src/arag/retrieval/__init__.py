@@ -1,0 +1,1 @@
+"""Retrieval: hybrid search over the one store, fusion, reranking."""
