@@ -87,6 +87,16 @@ class StoreSettings(BaseModel):
     papers_per_batch: int = 24
 
 
+class RetrievalSettings(BaseModel):
+    """Hybrid search: three searches over the one store, fused with RRF."""
+
+    abstract_k: int = 5
+    passage_k: int = 15
+    bm25_k: int = 20
+    fused_k: int = 25
+    rrf_k: int = 60
+
+
 class TopicSettings(BaseModel):
     """Topic clustering of abstract vectors."""
 
@@ -123,6 +133,7 @@ class Settings(BaseSettings):
     embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     topics: TopicSettings = Field(default_factory=TopicSettings)
+    retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     arxiv: ArxivSettings = Field(default_factory=ArxivSettings)
 
     @field_validator("data_dir")

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from arag.cli.common import build_progress, console, handle_errors, load_settings
 from arag.corpus.qasper import ATTRIBUTION
+from arag.errors import InputError
 from arag.library.build import BuildSummary
 from arag.library.manage import add_pdfs, build_library, library_status, list_papers
 
@@ -165,6 +166,68 @@ def papers_cmd(
     console.print(table)
     if len(shown) < len(rows):
         console.print(f"[dim]... {len(rows) - len(shown)} more: --limit 0 shows all[/]")
+
+
+@app.command("search")
+@handle_errors
+def search_cmd(
+    query: Annotated[str, typer.Argument(help="What to look for, in your words.")],
+    paper: Annotated[
+        list[str] | None, typer.Option("--paper", help="Only these paper ids (repeatable).")
+    ] = None,
+    chunk_type: Annotated[
+        list[str] | None, typer.Option("--type", help="Only these chunk types: abstract, passage, table.")
+    ] = None,
+    topic: Annotated[int | None, typer.Option(help="Only papers of this topic.")] = None,
+    limit: Annotated[int, typer.Option("-k", help="How many passages to show.")] = 10,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="Show each search's ranks before fusion.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the hits as JSON.")] = False,
+) -> None:
+    """Hybrid search (dense + BM25, fused with RRF) over the library's passages."""
+    from arag.library.manage import open_for_search
+    from arag.records import SearchFilter
+    from arag.retrieval.hybrid import HybridRetriever
+
+    if not query.strip():
+        raise InputError("the query is empty", where="arag search", fix="give a question or keywords")
+    bad = [t for t in chunk_type or [] if t not in ("abstract", "passage", "table")]
+    if bad:
+        raise InputError(
+            f"unknown chunk type {bad[0]!r}", where="--type", fix="use abstract, passage or table"
+        )
+    settings = load_settings()
+    flt = None
+    if paper or chunk_type or topic is not None:
+        flt = SearchFilter.model_validate(
+            {
+                "paper_ids": paper or None,
+                "types": chunk_type or None,
+                "topics": [topic] if topic is not None else None,
+            }
+        )
+    store, embedder = open_for_search(settings)
+    try:
+        result = HybridRetriever(store, embedder, settings.retrieval).search(query, flt)
+    finally:
+        store.close()
+    hits = result.fused[:limit]
+    if as_json:
+        print(json.dumps([h.model_dump() for h in hits], indent=2))
+        return
+    lists = {"abs": result.dense_abstracts, "dense": result.dense_passages, "bm25": result.bm25}
+    ranks = {name: {h.chunk.id: i + 1 for i, h in enumerate(lst)} for name, lst in lists.items()}
+    table = Table("#", "paper", "section", "type", "text", title=f"search: {query}", show_lines=True)
+    if explain:
+        table.add_column("ranks (abs/dense/bm25)")
+    for i, h in enumerate(hits, 1):
+        c = h.chunk
+        row = [str(i), f"{c.paper_id}\n{c.title[:60]}", c.section or "", c.type, c.text[:300]]
+        if explain:
+            row.append("/".join(str(ranks[n].get(c.id, "-")) for n in ("abs", "dense", "bm25")))
+        table.add_row(*row)
+    console.print(table)
 
 
 _register_subapps()

@@ -10,8 +10,10 @@ from pydantic import BaseModel
 
 from arag.corpus.qasper import load_qasper
 from arag.errors import InputError
+from arag.index.store import Store
 from arag.library.build import BuildSummary, LibraryBuilder, Progress
 from arag.library.state import Failure, LibraryState, PaperRow
+from arag.models.embedder import BaseEmbedder
 from arag.settings import Settings
 
 
@@ -125,3 +127,31 @@ def list_papers(settings: Settings, *, topic: int | None = None) -> list[PaperRo
         return state.papers(topic=topic)
     finally:
         state.close()
+
+
+def open_for_search(settings: Settings) -> tuple[Store, BaseEmbedder]:
+    """The built library's store and the embedder it was built with; a clear error if none."""
+    from arag.index.factory import open_store
+    from arag.models.embedder import get_embedder
+
+    state = LibraryState(settings.state_db)
+    try:
+        model = state.get_meta("embedding_model")
+        dim = state.get_meta("embedding_dim")
+        n = len(state.build_keys())
+    finally:
+        state.close()
+    if model is None or dim is None or n == 0:
+        raise InputError(
+            f"there is no library in {settings.data_dir}",
+            where="ARAG_DATA_DIR",
+            fix="build it first: arag library build",
+        )
+    embedder = get_embedder(settings.embedding, settings.embedding_cache_db)
+    if embedder.model_id != model:
+        raise InputError(
+            f"the library was built with {model!r} but the settings select {embedder.model_id!r}",
+            where="ARAG_EMBEDDING__*",
+            fix="set the embedding settings back, or rebuild: arag library build --rebuild",
+        )
+    return open_store(settings, int(dim), create=False), embedder

@@ -1,0 +1,78 @@
+"""Hybrid search on a small library built with the hash embedder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from arag.cli.main import app
+from arag.errors import InputError
+from arag.library.manage import build_library, open_for_search
+from arag.records import SearchFilter
+from arag.retrieval.hybrid import HybridRetriever
+from arag.settings import Settings, get_settings
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings:
+    s = get_settings(
+        data_dir=tmp_path_factory.mktemp("hyb"),
+        corpus={"max_papers": 6},
+        embedding={"provider": "hash"},
+        topics={"k": 2},
+    )
+    build_library(s)
+    return s
+
+
+def test_three_searches_fused(lib: Settings) -> None:
+    store, embedder = open_for_search(lib)
+    try:
+        r = HybridRetriever(store, embedder, lib.retrieval).search(
+            "ontology semantic parser grammar Wikipedia"
+        )
+    finally:
+        store.close()
+    assert len(r.dense_abstracts) <= 5 and {h.chunk.type for h in r.dense_abstracts} == {"abstract"}
+    assert len(r.dense_passages) == 15 and {h.chunk.type for h in r.dense_passages} <= {"passage", "table"}
+    assert len(r.bm25) == 20
+    assert len(r.fused) == 25 == len({h.chunk.id for h in r.fused})
+    assert r.fused[0].chunk.paper_id == "1601.00901"
+    scores = [h.score for h in r.fused]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_filters_scope_every_search(lib: Settings) -> None:
+    store, embedder = open_for_search(lib)
+    try:
+        retriever = HybridRetriever(store, embedder, lib.retrieval)
+        scoped = retriever.search("semantic parsing", SearchFilter(paper_ids=["1601.01705"]))
+        assert scoped.fused and {h.chunk.paper_id for h in scoped.fused} == {"1601.01705"}
+        only_abs = retriever.search("semantic parsing", SearchFilter(types=["abstract"]))
+        assert only_abs.dense_passages == [] and {h.chunk.type for h in only_abs.fused} == {"abstract"}
+        stop = retriever.search("the of and")  # no BM25 terms: dense still answers
+        assert stop.bm25 == [] and stop.fused
+    finally:
+        store.close()
+
+
+def test_search_cli(lib: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ARAG_DATA_DIR", str(lib.data_dir))
+    monkeypatch.setenv("ARAG_EMBEDDING__PROVIDER", "hash")
+    runner = CliRunner()
+    res = runner.invoke(app, ["search", "ontology grammar", "--json", "-k", "3"])
+    assert res.exit_code == 0, res.output
+    hits = json.loads(res.output)
+    assert len(hits) == 3 and hits[0]["chunk"]["paper_id"] == "1601.00901"
+    shown = runner.invoke(app, ["search", "ontology grammar", "--explain"])
+    assert shown.exit_code == 0 and "ranks" in shown.output
+    bad = runner.invoke(app, ["search", "x", "--type", "figure"])
+    assert bad.exit_code == InputError.exit_code and "abstract, passage or table" in bad.output
+
+
+def test_search_without_a_library_says_build_first(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="arag library build"):
+        open_for_search(get_settings(data_dir=tmp_path / "none", embedding={"provider": "hash"}))
