@@ -22,10 +22,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[torch,dev]'
 	touch $(STAMP)
 
+# Until the answering service lands, serving = the library, kept up to date, and a sample search.
 serve: venv
 	$(BIN)/arag library build
 	$(BIN)/arag library status
-	$(BIN)/arag papers --limit 10
+	$(BIN)/arag papers --topics
+	$(BIN)/arag search "Which datasets are used to evaluate question answering over scientific papers?" -k 5 --explain
 
 test: venv
 	$(BIN)/python -m pytest -q
