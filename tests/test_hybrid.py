@@ -76,3 +76,31 @@ def test_search_cli(lib: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_search_without_a_library_says_build_first(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="arag library build"):
         open_for_search(get_settings(data_dir=tmp_path / "none", embedding={"provider": "hash"}))
+
+
+def test_eval_retrieval_cli_on_questions_of_the_built_papers(
+    lib: Settings, shared_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from arag.library.manage import list_papers
+
+    ids = {r.id for r in list_papers(lib)}
+    train = json.loads((shared_dir / "benchmarks" / "qasper" / "questions_train.json").read_text())
+    mine = [q for q in train if q["paper_id"] in ids]
+    assert mine, "the first papers of the corpus have train questions"
+    qfile = tmp_path / "q.json"
+    qfile.write_text(json.dumps(mine))
+    monkeypatch.setenv("ARAG_DATA_DIR", str(lib.data_dir))
+    monkeypatch.setenv("ARAG_EMBEDDING__PROVIDER", "hash")
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(app, ["eval", "retrieval", "--questions", str(qfile), "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    reports = json.loads(out.read_text())
+    assert [(r["scope"], r["method"]) for r in reports] == [
+        (s, m) for s in ("library", "paper") for m in ("hybrid", "dense", "bm25")
+    ]
+    for r in reports:
+        assert 0.0 <= r["ndcg"] <= 1.0
+        assert 0.0 <= r["recall"] <= 1.0
+    paper_scoped = [r for r in reports if r["scope"] == "paper"]
+    assert all(r["paper_hit_rate"] == 1.0 for r in paper_scoped)  # scoped search only returns that paper
+    assert max(r["recall"] for r in paper_scoped) > 0.2  # the evidence is in these six papers' chunks

@@ -30,11 +30,13 @@ app.add_typer(library_app, name="library")
 def _register_subapps() -> None:
     from arag.bench.cli import bench_app
     from arag.cli.corpus import corpus_app
+    from arag.eval.cli import eval_app
 
     app.add_typer(
         corpus_app, name="corpus", help="Select papers from arXiv into a manifest and fetch their PDFs."
     )
     app.add_typer(bench_app, name="bench", help="Benchmarks that print figures and can write JSON.")
+    app.add_typer(eval_app, name="eval", help="Quality figures on QASPER (validation split).")
 
 
 def _print_summary(summary: BuildSummary, title: str) -> None:

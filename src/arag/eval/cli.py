@@ -1,0 +1,98 @@
+"""``arag eval``: quality figures on QASPER (validation by default; there is no test split here)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from arag.cli.common import build_progress, console, handle_errors, load_settings
+from arag.errors import InputError
+from arag.records import ScoredChunk, SearchFilter
+from arag.settings import find_shared_dir
+
+eval_app = typer.Typer(no_args_is_help=True)
+
+METHODS = ("hybrid", "dense", "bm25")
+
+
+def _default_questions() -> Path:
+    shared = find_shared_dir()
+    if shared is None:
+        raise InputError(
+            "no QASPER benchmark found beside the repository",
+            where="../shared/benchmarks/qasper",
+            fix="pass --questions PATH to a questions_*.json file",
+        )
+    return shared / "benchmarks" / "qasper" / "questions_validation.json"
+
+
+@eval_app.command("retrieval")
+@handle_errors
+def eval_retrieval(
+    questions: Annotated[
+        Path | None, typer.Option(help="QASPER questions JSON (default: validation).")
+    ] = None,
+    scope: Annotated[str, typer.Option(help="library, paper, or both.")] = "both",
+    limit: Annotated[int | None, typer.Option(help="Only the first N questions.")] = None,
+    k: Annotated[int, typer.Option(help="Cut-off for Recall and nDCG.")] = 10,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the reports as JSON.")] = None,
+) -> None:
+    """Evidence Recall@k, nDCG@k and paper hit rate of hybrid search against dense-only and BM25-only."""
+    from arag.eval.retrieval import Scope, evaluate_retrieval, load_questions
+    from arag.index.sparse import BM25Encoder
+    from arag.library.manage import open_for_search
+    from arag.retrieval.hybrid import HybridRetriever
+
+    if scope not in ("library", "paper", "both"):
+        raise InputError(f"unknown scope {scope!r}", where="--scope", fix="use library, paper or both")
+    scopes: list[Scope] = ["library", "paper"] if scope == "both" else [scope]  # type: ignore[list-item]
+    settings = load_settings()
+    qs = load_questions(questions or _default_questions(), limit=limit)
+    store, embedder = open_for_search(settings)
+    retriever = HybridRetriever(store, embedder, settings.retrieval)
+    bm25 = BM25Encoder()
+    depth = max(k, settings.retrieval.fused_k)
+
+    def search_fn(method: str) -> Callable[[str, SearchFilter | None], list[ScoredChunk]]:
+        def run(query: str, flt: SearchFilter | None) -> list[ScoredChunk]:
+            if method == "hybrid":
+                return retriever.search(query, flt).fused
+            if method == "dense":
+                return store.dense_search(embedder.embed_query(query), depth, flt)
+            return store.sparse_search(bm25.encode_query(query), depth, flt)
+
+        return run
+
+    reports = []
+    try:
+        for sc in scopes:
+            for method in METHODS:
+                with build_progress(f"{sc} / {method}") as bar:
+                    bar.start(len(qs))
+                    rep = evaluate_retrieval(search_fn(method), qs, scope=sc, k=k, progress=bar.advance)
+                reports.append((method, rep))
+    finally:
+        store.close()
+    table = Table(
+        "scope", "method", f"Recall@{k}", f"nDCG@{k}", "paper@5", "median ms", title=f"{len(qs)} questions"
+    )
+    for method, rep in reports:
+        table.add_row(
+            rep.scope,
+            method,
+            f"{rep.recall:.3f}",
+            f"{rep.ndcg:.3f}",
+            f"{rep.paper_hit_rate:.3f}",
+            f"{rep.median_ms:.1f}",
+        )
+    console.print(table)
+    if json_out:
+        import json
+
+        json_out.write_text(
+            json.dumps([{"method": m, **r.model_dump(exclude={"results"})} for m, r in reports], indent=2)
+        )

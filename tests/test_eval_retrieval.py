@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from arag.eval.retrieval import (
+    EvalQuestion,
+    evaluate_retrieval,
+    hits_per_rank,
+    load_questions,
+    ndcg_at,
+    recall_at,
+)
+from arag.records import Chunk, ScoredChunk, SearchFilter
+
+GOLD = [
+    "We train on the Penn Treebank. The corpus has one million words.",
+    "Results are in Table TABREF3. Our model wins by two points.",
+]
+
+
+def test_hits_match_sentences_of_gold_paragraphs() -> None:
+    chunks = [
+        "Unrelated text about something else entirely.",
+        "the corpus has one million words.\nResults are in Table TABREF3.",  # parts of both
+        "We  train on the Penn   Treebank.",  # whitespace differs
+    ]
+    assert hits_per_rank(chunks, GOLD) == [set(), {0, 1}, {0}]
+
+
+def test_recall_and_ndcg_exact() -> None:
+    hits = [set(), {0}, {0}, {1}]
+    assert recall_at(hits, 2, 1) == 0.0
+    assert recall_at(hits, 2, 2) == 0.5
+    assert recall_at(hits, 2, 10) == 1.0
+    ideal = 1 + 1 / math.log2(3)
+    assert ndcg_at(hits, 2, 10) == pytest.approx((1 / math.log2(3) + 1 / math.log2(5)) / ideal)
+    assert ndcg_at([{0, 1}], 2, 10) == pytest.approx(1 / ideal)  # one chunk, one gain
+    assert ndcg_at([], 3, 10) == 0.0
+
+
+def _chunk(cid: str, paper: str, text: str) -> ScoredChunk:
+    c = Chunk(
+        id=cid, paper_id=paper, index=0, title="T", type="passage", text=text, embed_text=text, n_tokens=5
+    )
+    return ScoredChunk(chunk=c, score=1.0)
+
+
+def test_evaluate_with_a_scripted_search() -> None:
+    q = EvalQuestion(
+        question_id="q1", paper_id="p1", paper_title="Title", question="what corpus?", evidence=GOLD
+    )
+    seen: list[tuple[str, SearchFilter | None]] = []
+
+    def search(query: str, flt: SearchFilter | None) -> list[ScoredChunk]:
+        seen.append((query, flt))
+        return [_chunk("a", "p2", "noise"), _chunk("b", "p1", GOLD[1])]
+
+    lib = evaluate_retrieval(search, [q], scope="library", k=10)
+    assert seen[0] == ("In the paper 'Title': what corpus?", None)
+    assert lib.recall == 0.5 and lib.paper_hit_rate == 1.0
+    assert lib.ndcg == pytest.approx((1 / math.log2(3)) / (1 + 1 / math.log2(3)))
+    evaluate_retrieval(search, [q], scope="paper", k=1)
+    assert seen[1] == ("what corpus?", SearchFilter(paper_ids=["p1"]))
+
+
+def test_load_questions_keeps_text_evidence_only(tmp_path: Path) -> None:
+    head = {"paper_id": "p", "paper_title": "T", "question": "q?"}
+    rows = [
+        {**head, "question_id": "a", "answers": [{"evidence": ["FLOAT SELECTED: Table 1", "para one"]}]},
+        {**head, "question_id": "a2", "answers": []},
+        {**head, "question_id": "b", "answers": [{"evidence": ["FLOAT SELECTED: Figure 2"]}]},
+    ]
+    rows[0]["answers"].append({"evidence": ["para one", "two"]})
+    path = tmp_path / "q.json"
+    path.write_text(json.dumps(rows))
+    (q,) = load_questions(path)
+    assert q.question_id == "a" and q.evidence == ["para one", "two"]
+
+
+def test_validation_split_has_892_questions_with_text_evidence(shared_dir: Path) -> None:
+    qs = load_questions(shared_dir / "benchmarks" / "qasper" / "questions_validation.json")
+    assert len(qs) == 892
