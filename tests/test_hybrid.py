@@ -96,7 +96,7 @@ def test_eval_retrieval_cli_on_questions_of_the_built_papers(
     assert res.exit_code == 0, res.output
     reports = json.loads(out.read_text())
     assert [(r["scope"], r["method"]) for r in reports] == [
-        (s, m) for s in ("library", "paper") for m in ("hybrid", "dense", "bm25")
+        (s, m) for s in ("library", "paper") for m in ("hybrid+resolve", "hybrid", "dense", "bm25")
     ]
     for r in reports:
         assert 0.0 <= r["ndcg"] <= 1.0
@@ -104,3 +104,26 @@ def test_eval_retrieval_cli_on_questions_of_the_built_papers(
     paper_scoped = [r for r in reports if r["scope"] == "paper"]
     assert all(r["paper_hit_rate"] == 1.0 for r in paper_scoped)  # scoped search only returns that paper
     assert max(r["recall"] for r in paper_scoped) > 0.2  # the evidence is in these six papers' chunks
+
+
+def test_a_named_paper_scopes_the_search(lib: Settings) -> None:
+    from arag.library.manage import load_resolver
+
+    resolver = load_resolver(lib)
+    title = resolver.titles["1601.01705"]
+    store, embedder = open_for_search(lib)
+    try:
+        retriever = HybridRetriever(store, embedder, lib.retrieval, resolver)
+        named = retriever.search(f"In the paper '{title}': which datasets do they use?")
+        assert named.resolved is not None and named.resolved.paper_id == "1601.01705"
+        assert named.resolved.method == "quoted-title"
+        assert {h.chunk.paper_id for h in named.fused} == {"1601.01705"}
+        unnamed = retriever.search("which datasets do they use?")
+        assert unnamed.resolved is None and len({h.chunk.paper_id for h in unnamed.fused}) > 1
+        # An explicit paper filter wins over resolution.
+        forced = retriever.search(
+            f"In the paper '{title}': which datasets?", SearchFilter(paper_ids=["1601.00901"])
+        )
+        assert forced.resolved is None and {h.chunk.paper_id for h in forced.fused} == {"1601.00901"}
+    finally:
+        store.close()

@@ -188,7 +188,7 @@ def search_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the hits as JSON.")] = False,
 ) -> None:
     """Hybrid search (dense + BM25, fused with RRF) over the library's passages."""
-    from arag.library.manage import open_for_search
+    from arag.library.manage import load_resolver, open_for_search
     from arag.records import SearchFilter
     from arag.retrieval.hybrid import HybridRetriever
 
@@ -211,13 +211,21 @@ def search_cmd(
         )
     store, embedder = open_for_search(settings)
     try:
-        result = HybridRetriever(store, embedder, settings.retrieval).search(query, flt)
+        retriever = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
+        result = retriever.search(query, flt)
     finally:
         store.close()
     hits = result.fused[:limit]
     if as_json:
         print(json.dumps([h.model_dump() for h in hits], indent=2))
         return
+    if result.resolved is not None:
+        r = result.resolved
+        console.print(
+            f"scoped to [bold]{r.paper_id}[/] {r.title!r}: {r.reason()}", soft_wrap=True, highlight=False
+        )
+    elif explain:
+        console.print("no paper named: searched the whole library", soft_wrap=True)
     lists = {"abs": result.dense_abstracts, "dense": result.dense_passages, "bm25": result.bm25}
     ranks = {name: {h.chunk.id: i + 1 for i, h in enumerate(lst)} for name, lst in lists.items()}
     table = Table("#", "paper", "section", "type", "text", title=f"search: {query}", show_lines=True)

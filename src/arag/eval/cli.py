@@ -16,7 +16,7 @@ from arag.settings import find_shared_dir
 
 eval_app = typer.Typer(no_args_is_help=True)
 
-METHODS = ("hybrid", "dense", "bm25")
+METHODS = ("hybrid+resolve", "hybrid", "dense", "bm25")
 
 
 def _default_questions() -> Path:
@@ -41,10 +41,11 @@ def eval_retrieval(
     k: Annotated[int, typer.Option(help="Cut-off for Recall and nDCG.")] = 10,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the reports as JSON.")] = None,
 ) -> None:
-    """Evidence Recall@k, nDCG@k and paper hit rate of hybrid search against dense-only and BM25-only."""
+    """Evidence Recall@k, nDCG@k and paper hit rate: hybrid search with and without paper resolution,
+    against dense-only and BM25-only baselines, in one run."""
     from arag.eval.retrieval import Scope, evaluate_retrieval, load_questions
     from arag.index.sparse import BM25Encoder
-    from arag.library.manage import open_for_search
+    from arag.library.manage import load_resolver, open_for_search
     from arag.retrieval.hybrid import HybridRetriever
 
     if scope not in ("library", "paper", "both"):
@@ -54,11 +55,14 @@ def eval_retrieval(
     qs = load_questions(questions or _default_questions(), limit=limit)
     store, embedder = open_for_search(settings)
     retriever = HybridRetriever(store, embedder, settings.retrieval)
+    resolving = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
     bm25 = BM25Encoder()
     depth = max(k, settings.retrieval.fused_k)
 
     def search_fn(method: str) -> Callable[[str, SearchFilter | None], list[ScoredChunk]]:
         def run(query: str, flt: SearchFilter | None) -> list[ScoredChunk]:
+            if method == "hybrid+resolve":
+                return resolving.search(query, flt).fused
             if method == "hybrid":
                 return retriever.search(query, flt).fused
             if method == "dense":

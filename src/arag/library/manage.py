@@ -14,6 +14,7 @@ from arag.index.store import Store
 from arag.library.build import BuildSummary, LibraryBuilder, Progress
 from arag.library.state import Failure, LibraryState, PaperRow
 from arag.models.embedder import BaseEmbedder
+from arag.retrieval.resolve import PaperResolver
 from arag.settings import Settings
 
 
@@ -155,3 +156,10 @@ def open_for_search(settings: Settings) -> tuple[Store, BaseEmbedder]:
             fix="set the embedding settings back, or rebuild: arag library build --rebuild",
         )
     return open_store(settings, int(dim), create=False), embedder
+
+
+def load_resolver(settings: Settings) -> PaperResolver:
+    """A paper resolver over the library's titles."""
+    from arag.retrieval.resolve import PaperResolver
+
+    return PaperResolver([(r.id, r.title) for r in list_papers(settings)])

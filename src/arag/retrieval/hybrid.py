@@ -11,6 +11,7 @@ from arag.index.store import Store
 from arag.models.embedder import BaseEmbedder
 from arag.records import ChunkType, ScoredChunk, SearchFilter
 from arag.retrieval.fusion import fuse_chunks
+from arag.retrieval.resolve import PaperRef, PaperResolver
 from arag.settings import RetrievalSettings
 
 
@@ -18,6 +19,8 @@ class HybridResult(BaseModel):
     """The fused list and the three lists it came from (for ``--explain`` and traces)."""
 
     fused: list[ScoredChunk]
+    # The paper the question named, when it named one: the searches were scoped to it.
+    resolved: PaperRef | None = None
     dense_abstracts: list[ScoredChunk]
     dense_passages: list[ScoredChunk]
     bm25: list[ScoredChunk]
@@ -35,15 +38,30 @@ def _with_types(flt: SearchFilter | None, types: list[ChunkType]) -> SearchFilte
 class HybridRetriever:
     """Runs the three searches and fuses them; stateless apart from its collaborators."""
 
-    def __init__(self, store: Store, embedder: BaseEmbedder, settings: RetrievalSettings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        embedder: BaseEmbedder,
+        settings: RetrievalSettings,
+        resolver: PaperResolver | None = None,
+    ) -> None:
         self.store = store
         self.embedder = embedder
         self.settings = settings
+        self.resolver = resolver
         self._bm25 = BM25Encoder()
 
     def search(self, query: str, flt: SearchFilter | None = None) -> HybridResult:
-        """Hybrid search for one query, optionally filtered (papers, types, years, topics)."""
+        """Hybrid search for one query, optionally filtered (papers, types, years, topics).
+
+        Without an explicit paper filter, a question that names a paper is scoped to it.
+        """
         s = self.settings
+        resolved = None
+        if self.resolver is not None and (flt is None or flt.paper_ids is None):
+            resolved = self.resolver.resolve(query)
+            if resolved is not None:
+                flt = (flt or SearchFilter()).model_copy(update={"paper_ids": [resolved.paper_id]})
         vector = self.embedder.embed_query(query)
         abstract_flt = _with_types(flt, ["abstract"])
         passage_flt = _with_types(flt, ["passage", "table"])
@@ -53,4 +71,6 @@ class HybridRetriever:
         # A query of stopwords alone has no BM25 terms; dense search still answers it.
         bm25 = self.store.sparse_search(terms, s.bm25_k, flt) if terms.indices else []
         fused = fuse_chunks([abstracts, passages, bm25], k=s.rrf_k, limit=s.fused_k)
-        return HybridResult(fused=fused, dense_abstracts=abstracts, dense_passages=passages, bm25=bm25)
+        return HybridResult(
+            fused=fused, resolved=resolved, dense_abstracts=abstracts, dense_passages=passages, bm25=bm25
+        )
