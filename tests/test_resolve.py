@@ -93,3 +93,22 @@ def test_real_titles_and_validation_questions(qasper_path: Path, shared_dir: Pat
         parts.append((q, r.resolve(f"In {' '.join(toks[: max(3, int(len(toks) * 0.7))])}, {q['question']}")))
     assert all(g.paper_id == q["paper_id"] for q, g in parts if g)
     assert sum(1 for _, g in parts if g) > 0.4 * len(qs)
+
+
+@pytest.mark.parametrize(
+    ("question", "rest"),
+    [
+        ("In the paper 'Attention Is All You Need': how many heads?", "how many heads?"),
+        ('how many heads does "attention is all you need" use', "how many heads does use"),
+        ("What does arXiv:1706.03762v5 propose?", "What does propose?"),
+        (
+            "In Retrieval-Augmented Generation for Knowledge-Intensive NLP, which retriever?",
+            "which retriever?",
+        ),
+        ("ATTENTION IS ALL YOU NEED", "ATTENTION IS ALL YOU NEED"),  # nothing left: keep the question
+    ],
+)
+def test_remainder_drops_the_papers_name(resolver: PaperResolver, question: str, rest: str) -> None:
+    ref = resolver.resolve(question)
+    assert ref is not None
+    assert ref.remainder(question) == rest

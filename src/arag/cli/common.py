@@ -65,7 +65,7 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
 
 @contextmanager
-def build_progress(label: str) -> Iterator[BuildProgress]:
+def build_progress(label: str, unit: str = "papers") -> Iterator[BuildProgress]:
     """A rich progress bar (count, rate, ETA) wired to the builder's callbacks."""
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -87,6 +87,6 @@ def build_progress(label: str) -> Iterator[BuildProgress]:
             bar.advance(task, n)
             t = bar.tasks[task]
             if t.elapsed:
-                bar.update(task, rate=f"{t.completed / t.elapsed:.1f} papers/s")
+                bar.update(task, rate=f"{t.completed / t.elapsed:.1f} {unit}/s")
 
         yield BuildProgress(start=start, advance=advance)

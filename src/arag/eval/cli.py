@@ -75,7 +75,7 @@ def eval_retrieval(
     try:
         for sc in scopes:
             for method in METHODS:
-                with build_progress(f"{sc} / {method}") as bar:
+                with build_progress(f"{sc} / {method}", unit="questions") as bar:
                     bar.start(len(qs))
                     rep = evaluate_retrieval(search_fn(method), qs, scope=sc, k=k, progress=bar.advance)
                 reports.append((method, rep))

@@ -19,8 +19,10 @@ class HybridResult(BaseModel):
     """The fused list and the three lists it came from (for ``--explain`` and traces)."""
 
     fused: list[ScoredChunk]
-    # The paper the question named, when it named one: the searches were scoped to it.
+    # The paper the question named, when it named one: the searches were scoped to it and ran
+    # with ``query``, the question without the paper's name.
     resolved: PaperRef | None = None
+    query: str = ""
     dense_abstracts: list[ScoredChunk]
     dense_passages: list[ScoredChunk]
     bm25: list[ScoredChunk]
@@ -62,6 +64,7 @@ class HybridRetriever:
             resolved = self.resolver.resolve(query)
             if resolved is not None:
                 flt = (flt or SearchFilter()).model_copy(update={"paper_ids": [resolved.paper_id]})
+                query = resolved.remainder(query)
         vector = self.embedder.embed_query(query)
         abstract_flt = _with_types(flt, ["abstract"])
         passage_flt = _with_types(flt, ["passage", "table"])
@@ -72,5 +75,10 @@ class HybridRetriever:
         bm25 = self.store.sparse_search(terms, s.bm25_k, flt) if terms.indices else []
         fused = fuse_chunks([abstracts, passages, bm25], k=s.rrf_k, limit=s.fused_k)
         return HybridResult(
-            fused=fused, resolved=resolved, dense_abstracts=abstracts, dense_passages=passages, bm25=bm25
+            fused=fused,
+            resolved=resolved,
+            query=query,
+            dense_abstracts=abstracts,
+            dense_passages=passages,
+            bm25=bm25,
         )

@@ -33,6 +33,14 @@ _STOP = frozenset(
 )
 
 
+_QUOTES = "[\"“”'‘’«»`]{0,2}"
+# What is left of "In the paper '<title>': ..." once the title is gone.
+_LEAD = re.compile(
+    r"^\s*(?:(?:in|from|according\s+to|for)\s+)?(?:the\s+)?(?:paper|article|work|arxiv)?\s*[:,;\-–—]*\s*",
+    re.IGNORECASE,
+)
+
+
 def normalise(text: str) -> str:
     """Lowercase, punctuation to spaces, single spaces."""
     return _NON_ALNUM.sub(" ", text.lower()).strip()
@@ -49,6 +57,22 @@ class PaperRef(BaseModel):
 
     def reason(self) -> str:
         return f"{self.method} match {self.matched!r} (score {self.score:.2f})"
+
+    def remainder(self, question: str) -> str:
+        """The question without the paper's name: what to search for inside the paper.
+
+        Left in, the title's words would match every chunk of the paper equally (or the title
+        passages only) and crowd the question's own words out.
+        """
+        if self.method == "arxiv-id":
+            pattern = r"(?:arxiv\s*:?\s*)?" + re.escape(self.matched)
+        else:
+            tokens = normalise(self.matched).split()
+            pattern = _QUOTES + r"[^0-9a-z]+".join(map(re.escape, tokens)) + _QUOTES
+        rest = re.sub(pattern, " ", question, count=1, flags=re.IGNORECASE)
+        rest = _LEAD.sub("", rest)
+        rest = re.sub(r"\s+", " ", rest).strip(" :;,-–—")
+        return rest or question
 
 
 class PaperResolver:
