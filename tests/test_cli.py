@@ -44,6 +44,9 @@ def test_build_status_papers_round_trip(
     only = runner.invoke(app, ["papers", "--json", "--topic", str(topic)])
     assert all(json.loads(line)["topic"] == topic for line in only.output.splitlines())
     assert "label" in runner.invoke(app, ["papers", "--topics"]).output
+    recl = runner.invoke(app, ["library", "topics", "--recluster"])
+    assert recl.exit_code == 0, recl.output
+    assert json.loads(runner.invoke(app, ["papers", "--json"]).output.splitlines()[0])["topic"] is not None
 
 
 def test_missing_corpus_exits_with_a_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

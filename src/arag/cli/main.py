@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Table
 
 from arag.cli.common import build_progress, console, handle_errors, load_settings
@@ -14,6 +16,7 @@ from arag.corpus.qasper import ATTRIBUTION
 from arag.errors import InputError
 from arag.library.build import BuildSummary
 from arag.library.manage import add_pdfs, build_library, library_status, list_papers
+from arag.settings import Settings
 
 app = typer.Typer(
     name="arag",
@@ -132,6 +135,34 @@ def library_status_cmd(
     console.print(f"[dim]{ATTRIBUTION}[/]")
 
 
+@library_app.command("topics")
+@handle_errors
+def library_topics(
+    recluster: Annotated[bool, typer.Option(help="Cluster all abstracts again (labels too).")] = False,
+) -> None:
+    """Show the topics (k-means over abstract vectors); --recluster recomputes them."""
+    from arag.library.build import LibraryBuilder
+
+    settings = load_settings()
+    if recluster:
+        with LibraryBuilder(settings) as builder:
+            builder.update_topics(recluster=True)
+    _print_topics(settings)
+
+
+def _print_topics(settings: Settings) -> None:
+    counts: dict[int, int] = {}
+    labels: dict[int, str] = {}
+    for r in list_papers(settings):
+        if r.topic is not None:
+            counts[r.topic] = counts.get(r.topic, 0) + 1
+            labels[r.topic] = r.topic_label or ""
+    table = Table("topic", "papers", "label", title="topics")
+    for t in sorted(counts):
+        table.add_row(str(t), str(counts[t]), labels[t])
+    console.print(table)
+
+
 @app.command("papers")
 @handle_errors
 def papers_cmd(
@@ -144,16 +175,7 @@ def papers_cmd(
     settings = load_settings()
     rows = list_papers(settings, topic=topic)
     if topics:
-        counts: dict[int, int] = {}
-        labels: dict[int, str] = {}
-        for r in list_papers(settings):
-            if r.topic is not None:
-                counts[r.topic] = counts.get(r.topic, 0) + 1
-                labels[r.topic] = r.topic_label or ""
-        table = Table("topic", "papers", "label", title="topics")
-        for t in sorted(counts):
-            table.add_row(str(t), str(counts[t]), labels[t])
-        console.print(table)
+        _print_topics(settings)
         return
     shown = rows if limit == 0 else rows[:limit]
     if as_json:
@@ -228,16 +250,15 @@ def search_cmd(
         console.print("no paper named: searched the whole library", soft_wrap=True)
     lists = {"abs": result.dense_abstracts, "dense": result.dense_passages, "bm25": result.bm25}
     ranks = {name: {h.chunk.id: i + 1 for i, h in enumerate(lst)} for name, lst in lists.items()}
-    table = Table("#", "paper", "section", "type", "text", title=f"search: {query}", show_lines=True)
-    if explain:
-        table.add_column("ranks (abs/dense/bm25)")
     for i, h in enumerate(hits, 1):
         c = h.chunk
-        row = [str(i), f"{c.paper_id}\n{c.title[:60]}", c.section or "", c.type, c.text[:300]]
+        where = f"{c.section} ({c.type})" if c.section else c.type
+        line = f"[bold][{i}][/] [cyan]{c.paper_id}[/] {escape(c.title)} · {escape(where)}"
         if explain:
-            row.append("/".join(str(ranks[n].get(c.id, "-")) for n in ("abs", "dense", "bm25")))
-        table.add_row(*row)
-    console.print(table)
+            line += " · ranks abs/dense/bm25 " + "/".join(str(ranks[n].get(c.id, "-")) for n in lists)
+        console.print(line, soft_wrap=False, highlight=False)
+        text = c.text if len(c.text) <= 600 else c.text[:600] + " …"
+        console.print(Padding(escape(text), (0, 0, 1, 4)), highlight=False)
 
 
 _register_subapps()

@@ -16,12 +16,14 @@ import numpy as np
 from arag.index.sparse import STOPWORDS
 
 _WORD = re.compile(r"[a-z][a-z0-9\-]{2,}")
-# Words that are frequent in every cluster of a paper library and so never distinguish a topic.
+# Words that are frequent in every cluster of a paper library and so never distinguish a topic
+# (title/section/abstract come from the chunk prefix of the embedded abstract text).
 _GENERIC = frozenset(
     """
     paper propose proposed approach method methods model models task tasks results show shows
     based using used use new work state art performance data dataset datasets also however two
     different novel well existing first study learning neural network networks
+    title section abstract
     """.split()
 )
 
