@@ -69,12 +69,20 @@ def test_small_abstract_is_kept_and_empty_abstract_gives_no_chunk() -> None:
     assert chunk_paper(paper([], abstract="  "), words, SMALL) == []
 
 
-def test_abstract_over_the_ceiling_is_split_sentence_wise() -> None:
+def test_abstract_over_the_ceiling_is_one_chunk_embedded_in_parts() -> None:
     abstract = " ".join([sent("A", 5), sent("B", 5), sent("C", 5)])  # 15 > ceiling 12
-    chunks = chunk_paper(paper([], abstract=abstract), words, SMALL)
-    assert texts(chunks) == ["A1 A2 A3 A4 A5. B1 B2 B3 B4 B5.", "C1 C2 C3 C4 C5."]
-    assert [c.type for c in chunks] == ["abstract", "abstract"]
-    assert [c.overlap_sentences for c in chunks] == [0, 0]
+    chunks = chunk_paper(paper([("Intro", [sent("D", 4)])], abstract=abstract), words, SMALL)
+    assert [c.type for c in chunks] == ["abstract", "passage"]
+    assert [c.index for c in chunks] == [0, 1]
+    first = chunks[0]
+    assert first.text == abstract
+    assert first.embed_parts == [
+        "Title: T\nSection: Abstract\nA1 A2 A3 A4 A5. B1 B2 B3 B4 B5.",
+        "Title: T\nSection: Abstract\nC1 C2 C3 C4 C5.",
+    ]
+    assert first.texts_to_embed == first.embed_parts
+    assert first.n_tokens == 14  # the longest part, prefix included
+    assert chunks[1].texts_to_embed == [chunks[1].embed_text]
 
 
 def test_abstract_between_target_and_ceiling_stays_whole() -> None:
@@ -303,10 +311,11 @@ def test_real_tokenizer_ceiling_on_qasper_papers() -> None:
         all_chunks += chunks
         assert [c.index for c in chunks] == list(range(len(chunks)))
         assert chunks[0].type == "abstract"
+        assert sum(c.type == "abstract" for c in chunks) == 1
         for c in chunks:
-            with_special = len(tokenizer.encode(c.embed_text, add_special_tokens=True).ids)
-            assert with_special <= 256  # [CLS] + 254 word-pieces + [SEP]
-            assert c.n_tokens == with_special - 2
+            with_special = [len(tokenizer.encode(t, add_special_tokens=True).ids) for t in c.texts_to_embed]
+            assert max(with_special) <= 256  # [CLS] + 254 word-pieces + [SEP]
+            assert c.n_tokens == max(with_special) - 2
             if c.type == "passage":
                 assert len(tokenizer.encode(c.text, add_special_tokens=False).ids) >= settings.min_tokens
         # Nearly every sentence of the body lands in some chunk (only tiny sections may be dropped).

@@ -71,6 +71,11 @@ class Paper(BaseModel):
 class Chunk(BaseModel):
     """A unit of retrieval. ``embed_text`` is what the embedder reads; BM25 sees ``text``."""
 
+    @property
+    def texts_to_embed(self) -> list[str]:
+        """What the embedder reads for this chunk: its parts, or its embed_text."""
+        return self.embed_parts or [self.embed_text]
+
     model_config = ConfigDict(frozen=True)
 
     id: str = Field(description="'<paper_id>:<index:04d>:<sha256(text)[:8]>', stable across rebuilds")
@@ -81,7 +86,13 @@ class Chunk(BaseModel):
     type: ChunkType
     text: str
     embed_text: str
-    n_tokens: int = Field(description="embedding-model word-pieces of embed_text, special tokens excluded")
+    # When embed_text is longer than the model reads (a long abstract): sentence-aligned pieces that
+    # each fit, whose vectors are averaged into the chunk's one vector. Empty: embed embed_text.
+    embed_parts: list[str] = Field(default_factory=list)
+    n_tokens: int = Field(
+        description="embedding-model word-pieces of embed_text (of its longest part when it has parts), "
+        "special tokens excluded"
+    )
     overlap_sentences: int = 0
     year: int | None = None
     topic: int | None = None

@@ -1,5 +1,8 @@
 """Cut a paper into retrieval chunks, sized in the embedding model's own word-pieces.
 
+One abstract chunk per paper: an abstract longer than the model reads is embedded as the mean of
+its sentence-aligned pieces (``Chunk.embed_parts``), each of which fits.
+
 Chunks are built sentence by sentence and never span sections; a paragraph boundary is the
 preferred break. Every chunk's ``embed_text`` (title and section prefix included) is verified to fit
 ``ChunkSettings.max_tokens`` so nothing is truncated when it is embedded.
@@ -192,8 +195,31 @@ def chunk_paper(paper: Paper, count_tokens: TokenCounter, settings: ChunkSetting
         drafts += _table_drafts(sec, header)
 
     n_tokens = _verify(drafts, title, count_tokens, settings.max_tokens)
+    n_abstract = sum(1 for d in drafts if d.type == "abstract")  # after _verify: it may re-split
     chunks: list[Chunk] = []
-    for index, (draft, n) in enumerate(zip(drafts, n_tokens, strict=True)):
+    if n_abstract > 1:
+        # One abstract chunk per paper: a long abstract keeps its whole text (for BM25 and display)
+        # and is embedded as the mean of its sentence-aligned pieces, so nothing is truncated.
+        parts = drafts[:n_abstract]
+        text = " ".join(d.text for d in parts)
+        chunks.append(
+            Chunk(
+                id=chunk_id(paper.id, 0, text),
+                paper_id=paper.id,
+                index=0,
+                title=paper.title,
+                section=ABSTRACT_SECTION,
+                type="abstract",
+                text=text,
+                embed_text=embed_text_for(title, ABSTRACT_SECTION, text),
+                embed_parts=[embed_text_for(title, ABSTRACT_SECTION, d.text) for d in parts],
+                n_tokens=max(n_tokens[:n_abstract]),
+                year=paper.year,
+            )
+        )
+        drafts, n_tokens = drafts[n_abstract:], n_tokens[n_abstract:]
+    for draft, n in zip(drafts, n_tokens, strict=True):
+        index = len(chunks)
         text = draft.text
         chunks.append(
             Chunk(

@@ -35,7 +35,7 @@ from arag.settings import Settings
 log = logging.getLogger(__name__)
 
 # Bump when chunking or payload layout changes so existing papers are rebuilt, not mixed.
-BUILD_FORMAT = 1
+BUILD_FORMAT = 2
 # The BM25 length normalisation needs a corpus-level mean; a fresh index measures it on its
 # first batch and keeps it (stored in the build state) so later documents are comparable.
 _AVG_LEN_KEY = "bm25_avg_len"
@@ -153,7 +153,7 @@ class LibraryBuilder:
                 encoder = self._encoder(flat)
             if flat:
                 t_embed = time.perf_counter()
-                vectors = self.embedder.embed([c.embed_text for c in flat])
+                vectors = self._chunk_vectors(flat)
                 summary.embed_seconds += time.perf_counter() - t_embed
                 sparse = [encoder.encode_document(c.text) for c in flat]
                 for p in batch.papers:
@@ -184,6 +184,21 @@ class LibraryBuilder:
             summary.chunks_added / summary.embed_seconds if summary.embed_seconds else 0.0
         )
         return summary
+
+    def _chunk_vectors(self, chunks: Sequence[Chunk]) -> np.ndarray:
+        """One unit vector per chunk; a chunk embedded in parts gets the mean of its parts."""
+        texts = [t for c in chunks for t in c.texts_to_embed]
+        flat = self.embedder.embed(texts)
+        if len(texts) == len(chunks):
+            return flat
+        out = np.empty((len(chunks), flat.shape[1]), dtype=np.float32)
+        i = 0
+        for row, c in enumerate(chunks):
+            n = len(c.texts_to_embed)
+            mean = flat[i : i + n].mean(axis=0)
+            out[row] = mean / max(float(np.linalg.norm(mean)), 1e-12)
+            i += n
+        return out
 
     def _encoder(self, first_chunks: Sequence[Chunk]) -> BM25Encoder:
         avg = self.state.get_meta(_AVG_LEN_KEY)
@@ -237,7 +252,7 @@ class LibraryBuilder:
         return batch
 
     def _row(self, paper: Paper, chunks: Sequence[Chunk]) -> PaperRow:
-        abstract = next((c.embed_text for c in chunks if c.type == "abstract"), paper.title)
+        abstract = next((c.texts_to_embed[0] for c in chunks if c.type == "abstract"), paper.title)
         return PaperRow(
             id=paper.id,
             title=paper.title,
