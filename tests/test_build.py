@@ -50,6 +50,11 @@ def test_build_then_status_then_noop(tmp_path: Path, qasper_path: Path) -> None:
     assert again.papers_added == 0 and again.papers_skipped == 8 and again.chunks_added == 0
     assert library_status(s).chunks == st.chunks
 
+    # From scratch again: every vector comes from the embedding cache, none from the model.
+    assert summary.texts_embedded >= summary.chunks_added
+    rebuilt = build_library(s, rebuild=True)
+    assert rebuilt.chunks_added == summary.chunks_added and rebuilt.texts_embedded == 0
+
 
 def test_topic_filter_lists_a_partition(tmp_path: Path, qasper_path: Path) -> None:
     s = _settings(tmp_path / "lib", 8)

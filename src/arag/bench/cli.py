@@ -40,7 +40,10 @@ def bench_build(
     table.add_row("mean overlap", f"{result.build.mean_overlap_sentences:.2f} sentences")
     table.add_row("index on disk", f"{result.index_bytes / 2**20:.1f} MiB")
     table.add_row("peak RSS", f"{result.peak_rss_mib:.0f} MiB")
-    table.add_row("embedding during build", f"{result.build.chunks_per_second:.1f} chunks/s")
+    table.add_row(
+        "embedding during build",
+        f"{result.build.chunks_per_second:.1f} texts/s ({result.build.texts_embedded} texts by the model)",
+    )
     if result.embedding:
         e = result.embedding
         table.add_row(

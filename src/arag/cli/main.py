@@ -50,8 +50,12 @@ def _print_summary(summary: BuildSummary, title: str) -> None:
     by_type = ", ".join(f"{k} {v}" for k, v in sorted(summary.chunks_by_type.items())) or "-"
     table.add_row("chunks added", f"{summary.chunks_added} ({by_type})")
     table.add_row("mean overlap", f"{summary.mean_overlap_sentences:.2f} sentences")
-    if summary.embed_seconds:
-        table.add_row("embedding", f"{summary.chunks_per_second:.1f} chunks/s")
+    if summary.chunks_added:
+        cached = summary.chunks_added - summary.texts_embedded
+        rate = f", {summary.chunks_per_second:.1f} texts/s" if summary.texts_embedded else ""
+        table.add_row(
+            "embedded", f"{summary.texts_embedded} texts ({max(cached, 0)} chunks from the cache{rate})"
+        )
     table.add_row("seconds", f"{summary.seconds:.1f}")
     console.print(table)
     for f in summary.failures[:20]:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from arag.errors import AragError, IngestError
 from arag.index.factory import open_store
@@ -51,7 +51,9 @@ class BuildSummary(BaseModel):
     chunks_added: int = 0
     chunks_by_type: dict[str, int] = {}
     mean_overlap_sentences: float = 0.0
-    texts_embedded: int = 0
+    texts_embedded: int = Field(
+        default=0, description="texts the model ran; the rest came from the embedding cache"
+    )
     seconds: float = 0.0
     embed_seconds: float = 0.0
     chunks_per_second: float = 0.0
@@ -144,6 +146,7 @@ class LibraryBuilder:
         overlaps: list[int] = []
         by_type: Counter[str] = Counter()
         encoder: BM25Encoder | None = None
+        run_before = self.embedder.texts_run
         for batch in self._chunked_batches(todo):
             if batch.failures:
                 self.state.record_failures(batch.failures)
@@ -172,7 +175,7 @@ class LibraryBuilder:
         summary.failures = failures
         summary.chunks_by_type = dict(by_type)
         summary.mean_overlap_sentences = float(np.mean(overlaps)) if overlaps else 0.0
-        summary.texts_embedded = summary.chunks_added
+        summary.texts_embedded = self.embedder.texts_run - run_before
         if summary.papers_added or self._topics_missing():
             self.update_topics()
             summary.topics_updated = True

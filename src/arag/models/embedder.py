@@ -195,6 +195,8 @@ class BaseEmbedder:
         self.max_length = max_length
         self.batch_size = batch_size
         self.cache: Cache = cache if cache is not None else NullCache()
+        # Texts that went through the model (not the cache) since this embedder was made.
+        self.texts_run = 0
 
     def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
         """Embed one batch; implemented by each provider."""
@@ -232,6 +234,7 @@ class BaseEmbedder:
             progress(done)
         # Longest first: the slowest batches show up early, and padding stays within similar lengths.
         misses.sort(key=len, reverse=True)
+        self.texts_run += len(misses)
         for start in range(0, len(misses), self.batch_size):
             batch = misses[start : start + self.batch_size]
             vecs = self._checked_batch(batch)
