@@ -127,3 +127,46 @@ def test_a_named_paper_scopes_the_search(lib: Settings) -> None:
         assert forced.resolved is None and {h.chunk.paper_id for h in forced.fused} == {"1601.00901"}
     finally:
         store.close()
+
+
+def test_sub_queries_concurrent_equals_sequential(lib: Settings) -> None:
+    store, embedder = open_for_search(lib)
+    calls: list[int] = []
+    real = embedder.embed_batch
+
+    def counting(texts):  # type: ignore[no-untyped-def]
+        calls.append(len(texts))
+        return real(texts)
+
+    embedder.embed_batch = counting  # type: ignore[method-assign]
+    try:
+        retriever = HybridRetriever(store, embedder, lib.retrieval)
+        queries = [
+            "ontology learning from text",
+            "semantic parser grammar induction",
+            "evaluation on Wikipedia",
+        ]
+        concurrent = retriever.search_many(queries)
+        assert calls == [3]  # one batch for all sub-queries, before any search
+        sequential = retriever.search_many(queries, concurrent=False)
+        ids = [h.chunk.id for h in concurrent.merged]
+        assert ids == [h.chunk.id for h in sequential.merged]
+        assert len(ids) == len(set(ids)) > 25
+        for a, b in zip(concurrent.per_query, sequential.per_query, strict=True):
+            assert [h.chunk.id for h in a.fused] == [h.chunk.id for h in b.fused]
+        # The merge keeps sub-query order: the first sub-query's hits come first.
+        assert ids[: len(concurrent.per_query[0].fused)] == [
+            h.chunk.id for h in concurrent.per_query[0].fused
+        ]
+    finally:
+        store.close()
+
+
+def test_eval_anchors_cli(lib: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ARAG_DATA_DIR", str(lib.data_dir))
+    monkeypatch.setenv("ARAG_EMBEDDING__PROVIDER", "hash")
+    out = tmp_path / "a.json"
+    res = CliRunner().invoke(app, ["eval", "anchors", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert report["papers"] == 6 and report["recall"] == 1.0 and report["misses"] == []

@@ -100,3 +100,44 @@ def eval_retrieval(
         json_out.write_text(
             json.dumps([{"method": m, **r.model_dump(exclude={"results"})} for m, r in reports], indent=2)
         )
+
+
+@eval_app.command("anchors")
+@handle_errors
+def eval_anchors(
+    top: Annotated[int, typer.Option(help="The paper must be among the top N chunks' papers.")] = 5,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the figures and misses as JSON.")
+    ] = None,
+) -> None:
+    """Anchor recall: each paper's own title, as a query (no title resolution), finds that paper."""
+    import json
+
+    from arag.library.manage import list_papers, open_for_search
+    from arag.retrieval.hybrid import HybridRetriever
+
+    settings = load_settings()
+    rows = list_papers(settings)
+    store, embedder = open_for_search(settings)
+    retriever = HybridRetriever(store, embedder, settings.retrieval)  # no resolver: retrieval alone
+    misses: list[str] = []
+    try:
+        with build_progress("anchors", unit="titles") as bar:
+            bar.start(len(rows))
+            for r in rows:
+                hits = retriever.search(r.title).fused[:top]
+                if r.id not in {h.chunk.paper_id for h in hits}:
+                    misses.append(r.id)
+                bar.advance(1)
+    finally:
+        store.close()
+    rate = 1 - len(misses) / len(rows) if rows else 0.0
+    console.print(
+        f"anchor recall@{top}: {rate:.4f} ({len(rows) - len(misses)}/{len(rows)} titles find their paper)"
+    )
+    if misses:
+        console.print("misses: " + ", ".join(misses), soft_wrap=True)
+    if json_out:
+        json_out.write_text(
+            json.dumps({"top": top, "papers": len(rows), "recall": rate, "misses": misses}, indent=2)
+        )

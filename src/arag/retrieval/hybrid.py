@@ -4,6 +4,10 @@ cannot crowd paper-level summaries out."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 from pydantic import BaseModel
 
 from arag.index.sparse import BM25Encoder
@@ -37,6 +41,13 @@ def _with_types(flt: SearchFilter | None, types: list[ChunkType]) -> SearchFilte
     return base.model_copy(update={"types": wanted})
 
 
+class MultiResult(BaseModel):
+    """Each sub-query's result, and their union in sub-query order without duplicate chunks."""
+
+    per_query: list[HybridResult]
+    merged: list[ScoredChunk]
+
+
 class HybridRetriever:
     """Runs the three searches and fuses them; stateless apart from its collaborators."""
 
@@ -58,14 +69,43 @@ class HybridRetriever:
 
         Without an explicit paper filter, a question that names a paper is scoped to it.
         """
+        query, flt, resolved = self._scope(query, flt)
+        return self._run(query, self.embedder.embed_query(query), flt, resolved)
+
+    def search_many(
+        self, queries: Sequence[str], flt: SearchFilter | None = None, *, concurrent: bool = True
+    ) -> MultiResult:
+        """A compound question's sub-queries: embedded in one batch, searched concurrently (or in
+        order), then merged in sub-query order with duplicates dropped by chunk id."""
+        scoped = [self._scope(q, flt) for q in queries]
+        vectors = self.embedder.embed([q for q, _, _ in scoped])
+        jobs = [(q, vectors[i], f, r) for i, (q, f, r) in enumerate(scoped)]
+        if concurrent and len(jobs) > 1:
+            with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="arag-subquery") as pool:
+                results = list(pool.map(lambda job: self._run(*job), jobs))
+        else:
+            results = [self._run(*job) for job in jobs]
+        merged: dict[str, ScoredChunk] = {}
+        for result in results:
+            for hit in result.fused:
+                merged.setdefault(hit.chunk.id, hit)
+        return MultiResult(per_query=results, merged=list(merged.values()))
+
+    def _scope(
+        self, query: str, flt: SearchFilter | None
+    ) -> tuple[str, SearchFilter | None, PaperRef | None]:
+        if self.resolver is None or (flt is not None and flt.paper_ids is not None):
+            return query, flt, None
+        resolved = self.resolver.resolve(query)
+        if resolved is None:
+            return query, flt, None
+        flt = (flt or SearchFilter()).model_copy(update={"paper_ids": [resolved.paper_id]})
+        return resolved.remainder(query), flt, resolved
+
+    def _run(
+        self, query: str, vector: np.ndarray, flt: SearchFilter | None, resolved: PaperRef | None
+    ) -> HybridResult:
         s = self.settings
-        resolved = None
-        if self.resolver is not None and (flt is None or flt.paper_ids is None):
-            resolved = self.resolver.resolve(query)
-            if resolved is not None:
-                flt = (flt or SearchFilter()).model_copy(update={"paper_ids": [resolved.paper_id]})
-                query = resolved.remainder(query)
-        vector = self.embedder.embed_query(query)
         abstract_flt = _with_types(flt, ["abstract"])
         passage_flt = _with_types(flt, ["passage", "table"])
         abstracts = self.store.dense_search(vector, s.abstract_k, abstract_flt) if abstract_flt else []
