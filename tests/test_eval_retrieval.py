@@ -8,9 +8,12 @@ import pytest
 
 from arag.eval.retrieval import (
     EvalQuestion,
+    bootstrap_ci,
+    count_skipped,
     evaluate_retrieval,
     hits_per_rank,
     load_questions,
+    mrr_at,
     ndcg_at,
     recall_at,
 )
@@ -42,6 +45,15 @@ def test_recall_and_ndcg_exact() -> None:
     assert ndcg_at([], 3, 10) == 0.0
 
 
+def test_mrr_and_bootstrap() -> None:
+    assert mrr_at([set(), set(), {1}], 10) == pytest.approx(1 / 3)
+    assert mrr_at([set(), {0}], 1) == 0.0
+    lo, hi = bootstrap_ci([0.0, 1.0] * 50)
+    assert 0.38 < lo < 0.5 < hi < 0.62
+    assert bootstrap_ci([0.0, 1.0] * 50) == (lo, hi)  # fixed seed
+    assert bootstrap_ci([]) == (0.0, 0.0)
+
+
 def _chunk(cid: str, paper: str, text: str) -> ScoredChunk:
     c = Chunk(
         id=cid, paper_id=paper, index=0, title="T", type="passage", text=text, embed_text=text, n_tokens=5
@@ -59,11 +71,14 @@ def test_evaluate_with_a_scripted_search() -> None:
         seen.append((query, flt))
         return [_chunk("a", "p2", "noise"), _chunk("b", "p1", GOLD[1])]
 
-    lib = evaluate_retrieval(search, [q], scope="library", k=10)
+    lib = evaluate_retrieval(search, [q], scope="library")
     assert seen[0] == ("In the paper 'Title': what corpus?", None)
-    assert lib.recall == 0.5 and lib.paper_hit_rate == 1.0
-    assert lib.ndcg == pytest.approx((1 / math.log2(3)) / (1 + 1 / math.log2(3)))
-    evaluate_retrieval(search, [q], scope="paper", k=1)
+    m = {k: v.mean for k, v in lib.metrics.items()}
+    assert m["recall@5"] == m["recall@10"] == m["recall@20"] == 0.5
+    assert m["paper@5"] == 1.0 and m["mrr@10"] == 0.5
+    assert m["ndcg@10"] == pytest.approx((1 / math.log2(3)) / (1 + 1 / math.log2(3)))
+    assert lib.metrics["recall@10"].lo == lib.metrics["recall@10"].hi == 0.5  # one question: no spread
+    evaluate_retrieval(search, [q], scope="paper")
     assert seen[1] == ("what corpus?", SearchFilter(paper_ids=["p1"]))
 
 
@@ -79,6 +94,7 @@ def test_load_questions_keeps_text_evidence_only(tmp_path: Path) -> None:
     path.write_text(json.dumps(rows))
     (q,) = load_questions(path)
     assert q.question_id == "a" and q.evidence == ["para one", "two"]
+    assert count_skipped(path) == 2
 
 
 def test_validation_split_has_892_questions_with_text_evidence(shared_dir: Path) -> None:

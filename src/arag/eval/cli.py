@@ -38,12 +38,11 @@ def eval_retrieval(
     ] = None,
     scope: Annotated[str, typer.Option(help="library, paper, or both.")] = "both",
     limit: Annotated[int | None, typer.Option(help="Only the first N questions.")] = None,
-    k: Annotated[int, typer.Option(help="Cut-off for Recall and nDCG.")] = 10,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the reports as JSON.")] = None,
 ) -> None:
-    """Evidence Recall@k, nDCG@k and paper hit rate: hybrid search with and without paper resolution,
-    against dense-only and BM25-only baselines, in one run."""
-    from arag.eval.retrieval import Scope, evaluate_retrieval, load_questions
+    """Evidence Recall@5/10/20, nDCG@10, MRR@10 and paper hit@5 with 95% bootstrap CIs: hybrid search
+    with and without paper resolution, against dense-only and BM25-only baselines, in one run."""
+    from arag.eval.retrieval import Scope, count_skipped, evaluate_retrieval, load_questions
     from arag.index.sparse import BM25Encoder
     from arag.library.manage import load_resolver, open_for_search
     from arag.retrieval.hybrid import HybridRetriever
@@ -52,12 +51,14 @@ def eval_retrieval(
         raise InputError(f"unknown scope {scope!r}", where="--scope", fix="use library, paper or both")
     scopes: list[Scope] = ["library", "paper"] if scope == "both" else [scope]  # type: ignore[list-item]
     settings = load_settings()
-    qs = load_questions(questions or _default_questions(), limit=limit)
+    qpath = questions or _default_questions()
+    qs = load_questions(qpath, limit=limit)
+    skipped = count_skipped(qpath) if limit is None else 0
     store, embedder = open_for_search(settings)
     retriever = HybridRetriever(store, embedder, settings.retrieval)
     resolving = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
     bm25 = BM25Encoder()
-    depth = max(k, settings.retrieval.fused_k)
+    depth = max(20, settings.retrieval.fused_k)
 
     def search_fn(method: str) -> Callable[[str, SearchFilter | None], list[ScoredChunk]]:
         def run(query: str, flt: SearchFilter | None) -> list[ScoredChunk]:
@@ -77,22 +78,18 @@ def eval_retrieval(
             for method in METHODS:
                 with build_progress(f"{sc} / {method}", unit="questions") as bar:
                     bar.start(len(qs))
-                    rep = evaluate_retrieval(search_fn(method), qs, scope=sc, k=k, progress=bar.advance)
+                    rep = evaluate_retrieval(
+                        search_fn(method), qs, scope=sc, skipped=skipped, progress=bar.advance
+                    )
                 reports.append((method, rep))
     finally:
         store.close()
-    table = Table(
-        "scope", "method", f"Recall@{k}", f"nDCG@{k}", "paper@5", "median ms", title=f"{len(qs)} questions"
-    )
+    shown = ("recall@5", "recall@10", "recall@20", "ndcg@10", "mrr@10", "paper@5")
+    title = f"{len(qs)} questions with text evidence ({skipped} without, skipped); mean [95% CI]"
+    table = Table("scope", "method", *shown, "median ms", title=title)
     for method, rep in reports:
-        table.add_row(
-            rep.scope,
-            method,
-            f"{rep.recall:.3f}",
-            f"{rep.ndcg:.3f}",
-            f"{rep.paper_hit_rate:.3f}",
-            f"{rep.median_ms:.1f}",
-        )
+        cells = [f"{m.mean:.3f} [{m.lo:.3f}, {m.hi:.3f}]" for m in (rep.metrics[name] for name in shown)]
+        table.add_row(rep.scope, method, *cells, f"{rep.median_ms:.1f}")
     console.print(table)
     if json_out:
         import json

@@ -5,10 +5,13 @@ the corpus). A retrieved chunk *hits* a gold paragraph when it contains one of t
 sentences (of at least ``MIN_SENTENCE_CHARS``), after whitespace and case normalisation: chunks are
 sentence-aligned, so a paragraph cut across chunks is hit by each chunk holding part of it.
 
-- Recall@k: share of a question's gold paragraphs hit by the top k chunks.
+- Recall@k (k = 5, 10, 20): share of a question's gold paragraphs hit by the top k chunks.
 - nDCG@k: binary gain at rank i when the chunk hits a gold paragraph not hit higher up; the ideal
   ranking hits one new gold paragraph per rank, min(k, |gold|) of them.
-- Paper@k: the gold paper is among the top k chunks' papers.
+- MRR@10: reciprocal rank of the first chunk that hits any gold paragraph (0 if none in the top 10).
+- Paper@5: the gold paper is among the top 5 chunks' papers.
+
+Means come with 95% bootstrap confidence intervals (2,000 resamples of the questions, fixed seed).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from statistics import median
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel
 
 from arag.errors import InputError
@@ -44,7 +48,9 @@ class EvalQuestion(BaseModel):
 
 
 def load_questions(path: Path, *, limit: int | None = None) -> list[EvalQuestion]:
-    """Questions with at least one text evidence paragraph (union over annotations)."""
+    """Questions with at least one text evidence paragraph (union over annotations).
+
+    ``count_skipped`` tells how many of the file's questions have none."""
     if not path.is_file():
         raise InputError(
             f"benchmark file not found: {path}",
@@ -74,6 +80,18 @@ def load_questions(path: Path, *, limit: int | None = None) -> list[EvalQuestion
         if limit is not None and len(out) >= limit:
             break
     return out
+
+
+def count_skipped(path: Path) -> int:
+    """Questions of the file whose annotations have no text evidence (left out of the metrics)."""
+    items = json.loads(path.read_text())
+    return sum(
+        1
+        for item in items
+        if not any(
+            e and not e.startswith(FLOAT_MARKER) for a in item["answers"] for e in a.get("evidence", [])
+        )
+    )
 
 
 def library_query(q: EvalQuestion) -> str:
@@ -111,6 +129,27 @@ def recall_at(hits: Sequence[set[int]], n_gold: int, k: int) -> float:
     return len(found) / n_gold if n_gold else 0.0
 
 
+def mrr_at(hits: Sequence[set[int]], k: int) -> float:
+    """Reciprocal rank of the first of the top k chunks that hits a gold paragraph."""
+    for rank, h in enumerate(hits[:k], 1):
+        if h:
+            return 1.0 / rank
+    return 0.0
+
+
+def bootstrap_ci(
+    values: Sequence[float], *, resamples: int = 2000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean (resampling the questions with replacement)."""
+    if not values:
+        return 0.0, 0.0
+    x = np.asarray(values, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)
+    alpha = (1.0 - level) / 2
+    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
+
+
 def ndcg_at(hits: Sequence[set[int]], n_gold: int, k: int) -> float:
     """Binary nDCG@k where a rank gains 1 only for a gold paragraph not hit higher up."""
     seen: set[int] = set()
@@ -124,23 +163,30 @@ def ndcg_at(hits: Sequence[set[int]], n_gold: int, k: int) -> float:
     return dcg / ideal if ideal else 0.0
 
 
+METRICS = ("recall@5", "recall@10", "recall@20", "ndcg@10", "mrr@10", "paper@5")
+
+
 class QuestionResult(BaseModel):
     question_id: str
-    recall: float
-    ndcg: float
-    paper_hit: bool
+    metrics: dict[str, float]
     seconds: float
 
 
+class Metric(BaseModel):
+    """A mean over the questions and its 95% bootstrap interval."""
+
+    mean: float
+    lo: float
+    hi: float
+
+
 class RetrievalReport(BaseModel):
-    """Mean figures over the questions, and the per-question results."""
+    """Mean figures (with CIs) over the questions, and the per-question results."""
 
     scope: Scope
-    k: int
     questions: int
-    recall: float
-    ndcg: float
-    paper_hit_rate: float
+    skipped_no_evidence: int = 0
+    metrics: dict[str, Metric]
     median_ms: float
     results: list[QuestionResult]
 
@@ -153,11 +199,10 @@ def evaluate_retrieval(
     questions: Sequence[EvalQuestion],
     *,
     scope: Scope = "library",
-    k: int = 10,
-    paper_k: int = 5,
+    skipped: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> RetrievalReport:
-    """Run every question through ``search`` and score its top k chunks."""
+    """Run every question through ``search`` and score its top chunks (see the module doc)."""
     results: list[QuestionResult] = []
     for q in questions:
         if scope == "paper":
@@ -167,26 +212,29 @@ def evaluate_retrieval(
         t0 = time.perf_counter()
         ranked = search(query, flt)
         dt = time.perf_counter() - t0
-        hits = hits_per_rank([h.chunk.text for h in ranked[:k]], q.evidence)
-        results.append(
-            QuestionResult(
-                question_id=q.question_id,
-                recall=recall_at(hits, len(q.evidence), k),
-                ndcg=ndcg_at(hits, len(q.evidence), k),
-                paper_hit=any(h.chunk.paper_id == q.paper_id for h in ranked[:paper_k]),
-                seconds=dt,
-            )
-        )
+        hits = hits_per_rank([h.chunk.text for h in ranked[:20]], q.evidence)
+        n = len(q.evidence)
+        metrics = {
+            "recall@5": recall_at(hits, n, 5),
+            "recall@10": recall_at(hits, n, 10),
+            "recall@20": recall_at(hits, n, 20),
+            "ndcg@10": ndcg_at(hits, n, 10),
+            "mrr@10": mrr_at(hits, 10),
+            "paper@5": float(any(h.chunk.paper_id == q.paper_id for h in ranked[:5])),
+        }
+        results.append(QuestionResult(question_id=q.question_id, metrics=metrics, seconds=dt))
         if progress:
             progress(1)
-    n = len(results) or 1
+    summary = {}
+    for name in METRICS:
+        values = [r.metrics[name] for r in results]
+        lo, hi = bootstrap_ci(values)
+        summary[name] = Metric(mean=float(np.mean(values)) if values else 0.0, lo=lo, hi=hi)
     return RetrievalReport(
         scope=scope,
-        k=k,
         questions=len(results),
-        recall=sum(r.recall for r in results) / n,
-        ndcg=sum(r.ndcg for r in results) / n,
-        paper_hit_rate=sum(r.paper_hit for r in results) / n,
+        skipped_no_evidence=skipped,
+        metrics=summary,
         median_ms=1000 * median(r.seconds for r in results) if results else 0.0,
         results=results,
     )
