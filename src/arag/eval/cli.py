@@ -85,12 +85,22 @@ def eval_retrieval(
     finally:
         store.close()
     shown = ("recall@5", "recall@10", "recall@20", "ndcg@10", "mrr@10", "paper@5")
-    title = f"{len(qs)} questions with text evidence ({skipped} without, skipped); mean [95% CI]"
-    table = Table("scope", "method", *shown, "median ms", title=title)
-    for method, rep in reports:
-        cells = [f"{m.mean:.3f} [{m.lo:.3f}, {m.hi:.3f}]" for m in (rep.metrics[name] for name in shown)]
-        table.add_row(rep.scope, method, *cells, f"{rep.median_ms:.1f}")
-    console.print(table)
+    console.print(
+        f"{len(qs)} questions with text evidence ({skipped} without, skipped); mean ± 95% CI half-width"
+    )
+    for sc in scopes:
+        mine = [(m, r) for m, r in reports if r.scope == sc]
+        table = Table(
+            "metric", *(m for m, _ in mine), title=f"{sc}-wide" if sc == "library" else "paper-scoped"
+        )
+        for name in shown:
+            cells = []
+            for _, rep in mine:
+                m = rep.metrics[name]
+                cells.append(f"{m.mean:.3f} ±{max(m.mean - m.lo, m.hi - m.mean):.3f}")
+            table.add_row(name, *cells)
+        table.add_row("median ms", *(f"{r.median_ms:.1f}" for _, r in mine))
+        console.print(table)
     if json_out:
         import json
 
