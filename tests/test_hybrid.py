@@ -175,3 +175,17 @@ def test_eval_anchors_cli(lib: Settings, monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
     assert report["papers"] == 6 and report["recall"] == 1.0 and report["misses"] == []
+
+
+def test_bench_retrieval_runs_every_stage(
+    lib: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ARAG_DATA_DIR", str(lib.data_dir))
+    monkeypatch.setenv("ARAG_EMBEDDING__PROVIDER", "hash")
+    out = tmp_path / "b.json"
+    res = CliRunner().invoke(app, ["bench", "retrieval", "--queries", "12", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    r = json.loads(out.read_text())
+    assert set(r["stage_ms"]) == {"embed", "dense", "sparse", "fuse"}
+    assert r["queries"] == 12 and all(v > 0 for v in r["stage_ms"].values())
+    assert r["cold_start_ms"] > r["index_open_ms"] > 0

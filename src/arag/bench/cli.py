@@ -56,3 +56,35 @@ def bench_build(
     if json_out:
         json_out.write_text(result.model_dump_json(indent=2))
         console.print(f"wrote {json_out}")
+
+
+@bench_app.command("retrieval")
+@handle_errors
+def bench_retrieval(
+    queries: Annotated[int, typer.Option(help="QASPER validation questions to time.")] = 150,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
+) -> None:
+    """Per-stage latency medians, 1 vs 3 sub-queries (sequential vs concurrent), cold start."""
+    from arag.bench.retrieval import run_retrieval_bench
+    from arag.eval.cli import _default_questions
+    from arag.eval.retrieval import library_query, load_questions
+
+    settings = load_settings()
+    qs = [library_query(q) for q in load_questions(_default_questions(), limit=queries)]
+    r = run_retrieval_bench(settings, qs)
+    table = Table(
+        title=f"retrieval latency ({r.queries} queries, medians)", show_header=False, title_justify="left"
+    )
+    for stage, ms in r.stage_ms.items():
+        table.add_row(f"stage: {stage}", f"{ms:.2f} ms")
+    table.add_row("1 query (hybrid)", f"{r.one_query_ms:.1f} ms")
+    table.add_row("3 sub-queries, sequential", f"{r.three_sequential_ms:.1f} ms")
+    table.add_row(
+        "3 sub-queries, concurrent",
+        f"{r.three_concurrent_ms:.1f} ms (x{r.concurrent_speedup:.2f} vs sequential)",
+    )
+    table.add_row("index open / model load", f"{r.index_open_ms:.0f} ms / {r.model_load_ms:.0f} ms")
+    table.add_row("cold start (new process to first result)", f"{r.cold_start_ms:.0f} ms")
+    console.print(table)
+    if json_out:
+        json_out.write_text(r.model_dump_json(indent=2))

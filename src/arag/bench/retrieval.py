@@ -1,0 +1,108 @@
+"""Retrieval latency: per-stage medians after a warm-up, 1 vs 3 sub-queries, sequential vs
+concurrent, and cold start. Query vectors are computed by the model every time (no cache)."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from arag.index.sparse import BM25Encoder
+from arag.records import SearchFilter
+from arag.retrieval.fusion import fuse_chunks
+from arag.retrieval.hybrid import HybridRetriever
+from arag.settings import Settings
+
+
+class RetrievalBench(BaseModel):
+    queries: int
+    warmup: int
+    stage_ms: dict[str, float]  # medians per query
+    one_query_ms: float
+    three_sequential_ms: float
+    three_concurrent_ms: float
+    concurrent_speedup: float
+    index_open_ms: float
+    model_load_ms: float
+    cold_start_ms: float
+
+
+def _median_ms(fn: Callable[[], Any], runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1000 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def run_retrieval_bench(settings: Settings, questions: Sequence[str], *, warmup: int = 10) -> RetrievalBench:
+    """Time each stage over ``questions`` (medians), then whole searches and a cold start."""
+    from arag.index.factory import open_store
+    from arag.library.manage import open_for_search
+    from arag.models.embedder import get_embedder
+
+    store, _ = open_for_search(settings)  # validates the library; closed to time a fresh open
+    dim = store.dim
+    store.close()
+    t0 = time.perf_counter()
+    store = open_store(settings, dim, create=False)
+    index_open_ms = 1000 * (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    embedder = get_embedder(settings.embedding, None)  # no cache: every query runs the model
+    model_load_ms = 1000 * (time.perf_counter() - t0)
+    try:
+        s = settings.retrieval
+        bm25 = BM25Encoder()
+        retriever = HybridRetriever(store, embedder, s)
+        for q in questions[:warmup]:
+            retriever.search(q)
+        stages: dict[str, list[float]] = {k: [] for k in ("embed", "dense", "sparse", "fuse")}
+        for q in questions:
+            t0 = time.perf_counter()
+            vec = embedder.embed_batch([q])[0]
+            t1 = time.perf_counter()
+            a = store.dense_search(vec, s.abstract_k, SearchFilter(types=["abstract"]))
+            p = store.dense_search(vec, s.passage_k, SearchFilter(types=["passage", "table"]))
+            t2 = time.perf_counter()
+            b = store.sparse_search(bm25.encode_query(q), s.bm25_k)
+            t3 = time.perf_counter()
+            fuse_chunks([a, p, b], k=s.rrf_k, limit=s.fused_k)
+            t4 = time.perf_counter()
+            for name, dt in zip(stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+                stages[name].append(1000 * dt)
+        triples = [list(questions[i : i + 3]) for i in range(0, len(questions) - 2, 3)]
+        runs = len(triples)
+        it1 = iter(questions)
+        one = _median_ms(lambda: retriever.search(next(it1)), runs)
+        seq_iter, con_iter = iter(triples), iter(triples)
+        seq = _median_ms(lambda: retriever.search_many(next(seq_iter), concurrent=False), runs)
+        con = _median_ms(lambda: retriever.search_many(next(con_iter), concurrent=True), runs)
+    finally:
+        store.close()
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "arag", "search", questions[0], "--json", "-k", "1"],
+        capture_output=True,
+        text=True,
+    )
+    cold_ms = 1000 * (time.perf_counter() - t0)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cold-start search failed: {proc.stderr[-500:]}")
+    return RetrievalBench(
+        queries=len(questions),
+        warmup=warmup,
+        stage_ms={k: statistics.median(v) for k, v in stages.items()},
+        one_query_ms=one,
+        three_sequential_ms=seq,
+        three_concurrent_ms=con,
+        concurrent_speedup=seq / con if con else float("nan"),
+        index_open_ms=index_open_ms,
+        model_load_ms=model_load_ms,
+        cold_start_ms=cold_ms,
+    )
