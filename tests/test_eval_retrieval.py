@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from arag.errors import InputError
 from arag.eval.retrieval import (
     EvalQuestion,
     bootstrap_ci,
@@ -100,3 +101,39 @@ def test_load_questions_keeps_text_evidence_only(tmp_path: Path) -> None:
 def test_validation_split_has_892_questions_with_text_evidence(shared_dir: Path) -> None:
     qs = load_questions(shared_dir / "benchmarks" / "qasper" / "questions_validation.json")
     assert len(qs) == 892
+
+
+def test_official_qasper_v03_format_is_read(tmp_path: Path) -> None:
+    official = {
+        "1801.00001": {
+            "title": "A Paper",
+            "abstract": "x",
+            "full_text": [{"section_name": "Intro", "paragraphs": ["para one"]}],
+            "qas": [
+                {
+                    "question": "what?",
+                    "question_id": "q1",
+                    "answers": [
+                        {"answer": {"unanswerable": False, "extractive_spans": ["a"], "yes_no": None,
+                                    "free_form_answer": "", "evidence": ["para one"]},
+                         "annotation_id": "x", "worker_id": "w"},
+                    ],
+                },
+                {"question": "none?", "question_id": "q2", "answers": [{"answer": {"evidence": []}}]},
+            ],
+        }
+    }  # fmt: skip
+    path = tmp_path / "qasper-dev-v0.3.json"
+    path.write_text(json.dumps(official))
+    (q,) = load_questions(path)
+    assert (q.paper_id, q.paper_title, q.question_id, q.evidence) == (
+        "1801.00001",
+        "A Paper",
+        "q1",
+        ["para one"],
+    )
+    assert count_skipped(path) == 1
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(InputError, match="not a JSON file"):
+        load_questions(bad)

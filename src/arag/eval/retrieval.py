@@ -47,18 +47,49 @@ class EvalQuestion(BaseModel):
     evidence: list[str]
 
 
-def load_questions(path: Path, *, limit: int | None = None) -> list[EvalQuestion]:
-    """Questions with at least one text evidence paragraph (union over annotations).
-
-    ``count_skipped`` tells how many of the file's questions have none."""
+def read_question_items(path: Path) -> list[dict]:
+    """Question records from either format: ours (a list of {paper_id, paper_title, question_id,
+    question, answers}) or QASPER's official v0.3 release (a dict of paper id to {title, abstract,
+    full_text, qas}, answers nested under "answer")."""
     if not path.is_file():
         raise InputError(
             f"benchmark file not found: {path}",
             where="arag eval retrieval",
             fix="pass --questions PATH (../shared/benchmarks/qasper/questions_validation.json)",
         )
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"not a JSON file: {exc}", where=str(path), fix="pass a QASPER questions file"
+        ) from exc
+    if isinstance(data, list):
+        return data
+    if isinstance(data, dict):
+        items = []
+        for pid, paper in data.items():
+            for qa in paper.get("qas", []):
+                items.append(
+                    {
+                        "paper_id": pid,
+                        "paper_title": paper.get("title", ""),
+                        "question_id": qa["question_id"],
+                        "question": qa["question"],
+                        "answers": [a.get("answer", a) for a in qa.get("answers", [])],
+                    }
+                )
+        return items
+    raise InputError(
+        "unrecognised questions file", where=str(path), fix="use a list of questions or QASPER's v0.3 dict"
+    )
+
+
+def load_questions(path: Path, *, limit: int | None = None) -> list[EvalQuestion]:
+    """Questions with at least one text evidence paragraph (union over annotations).
+
+    ``count_skipped`` tells how many of the file's questions have none."""
     out: list[EvalQuestion] = []
-    for item in json.loads(path.read_text()):
+    for item in read_question_items(path):
         evidence = list(
             dict.fromkeys(
                 e
@@ -84,7 +115,7 @@ def load_questions(path: Path, *, limit: int | None = None) -> list[EvalQuestion
 
 def count_skipped(path: Path) -> int:
     """Questions of the file whose annotations have no text evidence (left out of the metrics)."""
-    items = json.loads(path.read_text())
+    items = read_question_items(path)
     return sum(
         1
         for item in items
