@@ -51,6 +51,11 @@ def test_filters_scope_every_search(lib: Settings) -> None:
         retriever = HybridRetriever(store, embedder, lib.retrieval)
         scoped = retriever.search("semantic parsing", SearchFilter(paper_ids=["1601.01705"]))
         assert scoped.fused and {h.chunk.paper_id for h in scoped.fused} == {"1601.01705"}
+        # One paper: no reserved abstract slice; its abstract competes with its passages.
+        assert scoped.dense_abstracts == []
+        deep = HybridRetriever(store, embedder, lib.retrieval.model_copy(update={"passage_k": 1000}))
+        everything = deep.search("semantic parsing", SearchFilter(paper_ids=["1601.01705"])).dense_passages
+        assert [h.chunk.type for h in everything].count("abstract") == 1
         only_abs = retriever.search("semantic parsing", SearchFilter(types=["abstract"]))
         assert only_abs.dense_passages == [] and {h.chunk.type for h in only_abs.fused} == {"abstract"}
         stop = retriever.search("the of and")  # no BM25 terms: dense still answers
