@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import BaseModel, Field
 
-from arag.errors import AragError, IngestError
+from arag.errors import ConfigError, IngestError
 from arag.index.factory import open_store
 from arag.index.sparse import BM25Encoder, tokenize
 from arag.index.store import Store
@@ -98,8 +98,12 @@ class LibraryBuilder:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.embedder = embedder or get_embedder(settings.embedding, settings.embedding_cache_db)
         self.state = LibraryState(settings.state_db)
-        self._check_model()
-        self.store: Store = open_store(settings, self.embedder.dim)
+        try:
+            self._check_model()
+            self.store: Store = open_store(settings, self.embedder.dim)
+        except BaseException:
+            self.state.close()
+            raise
 
     def __enter__(self) -> LibraryBuilder:
         return self
@@ -117,7 +121,7 @@ class LibraryBuilder:
             self.state.set_meta("embedding_model", self.embedder.model_id)
             self.state.set_meta("embedding_dim", self.embedder.dim)
         elif recorded != self.embedder.model_id:
-            raise AragError(
+            raise ConfigError(
                 f"the library was built with embedding model {recorded!r}, "
                 f"but the settings now select {self.embedder.model_id!r}",
                 where=str(self.settings.data_dir),
