@@ -61,3 +61,18 @@ def test_status_of_an_empty_library_says_what_to_do() -> None:
     res = runner.invoke(app, ["library", "status"])
     assert res.exit_code == 0
     assert "arag library build" in res.output
+
+
+def test_bench_build_writes_figures(
+    monkeypatch: pytest.MonkeyPatch, qasper_path: Path, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ARAG_EMBEDDING__PROVIDER", "hash")
+    monkeypatch.setenv("ARAG_TOPICS__K", "2")
+    out = tmp_path / "bench.json"
+    args = ["bench", "build", "--papers", "3", "--data-dir", str(tmp_path / "lib"), "--json", str(out)]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    r = json.loads(out.read_text())
+    assert r["papers"] == 3 and r["noop_papers_added"] == 0
+    assert r["chunks"] == r["build"]["chunks_added"] > 0 and r["index_bytes"] > 0
+    assert r["build_seconds"] > r["noop_build_seconds"] > 0

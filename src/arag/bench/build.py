@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from arag.library.build import BuildSummary, Progress
 from arag.library.manage import build_library, library_status
+from arag.models.embedder import BaseEmbedder, get_embedder
 from arag.settings import Settings
 
 
@@ -45,11 +46,10 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def embed_throughput(settings: Settings, texts: list[str], repeats: int = 3) -> EmbedThroughput:
+def embed_throughput(
+    settings: Settings, embedder: BaseEmbedder, texts: list[str], repeats: int = 3
+) -> EmbedThroughput:
     """Chunks/s of the configured embedder (length-sorted batches) vs input-order batches."""
-    from arag.models.embedder import get_embedder
-
-    embedder = get_embedder(settings.embedding, None)  # no cache: measure the model
     bs = settings.embedding.batch_size
 
     def ours() -> None:
@@ -106,9 +106,10 @@ def run_build_bench(
     st = library_status(bench_settings)
     throughput = None
     if embed_sample and settings.embedding.provider == "onnx-minilm":
-        texts = _sample_chunk_texts(bench_settings, embed_sample)
+        embedder = get_embedder(bench_settings.embedding, None)  # no cache: measure the model
+        texts = _sample_chunk_texts(bench_settings, embedder, embed_sample)
         if texts:
-            throughput = embed_throughput(bench_settings, texts)
+            throughput = embed_throughput(bench_settings, embedder, texts)
     return BuildBench(
         papers=st.papers,
         data_dir=str(data_dir),
@@ -124,13 +125,11 @@ def run_build_bench(
     )
 
 
-def _sample_chunk_texts(settings: Settings, n: int) -> list[str]:
+def _sample_chunk_texts(settings: Settings, embedder: BaseEmbedder, n: int) -> list[str]:
     """Embed texts of real chunks: the first papers' chunks, as the build makes them."""
     from arag.corpus.qasper import load_qasper
     from arag.ingest.chunker import chunk_paper
-    from arag.models.embedder import get_embedder
 
-    embedder = get_embedder(settings.embedding, None)
     texts: list[str] = []
     papers, _ = load_qasper(settings.corpus.qasper_path, max_papers=max(1, n // 20))
     for paper in papers:

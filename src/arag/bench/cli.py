@@ -66,11 +66,10 @@ def bench_retrieval(
 ) -> None:
     """Per-stage latency medians, 1 vs 3 sub-queries (sequential vs concurrent), cold start."""
     from arag.bench.retrieval import run_retrieval_bench
-    from arag.eval.cli import _default_questions
-    from arag.eval.retrieval import library_query, load_questions
+    from arag.eval.retrieval import default_questions_path, library_query, load_questions
 
     settings = load_settings()
-    qs = [library_query(q) for q in load_questions(_default_questions(), limit=queries)]
+    qs = [library_query(q) for q in load_questions(default_questions_path(), limit=queries)]
     r = run_retrieval_bench(settings, qs)
     table = Table(
         title=f"retrieval latency ({r.queries} queries, medians)", show_header=False, title_justify="left"

@@ -12,22 +12,10 @@ from rich.table import Table
 from arag.cli.common import build_progress, console, handle_errors, load_settings
 from arag.errors import InputError
 from arag.records import ScoredChunk, SearchFilter
-from arag.settings import find_shared_dir
 
 eval_app = typer.Typer(no_args_is_help=True)
 
 METHODS = ("hybrid+resolve", "hybrid", "dense", "bm25")
-
-
-def _default_questions() -> Path:
-    shared = find_shared_dir()
-    if shared is None:
-        raise InputError(
-            "no QASPER benchmark found beside the repository",
-            where="../shared/benchmarks/qasper",
-            fix="pass --questions PATH to a questions_*.json file",
-        )
-    return shared / "benchmarks" / "qasper" / "questions_validation.json"
 
 
 @eval_app.command("retrieval")
@@ -42,7 +30,13 @@ def eval_retrieval(
 ) -> None:
     """Evidence Recall@5/10/20, nDCG@10, MRR@10 and paper hit@5 with 95% bootstrap CIs: hybrid search
     with and without paper resolution, against dense-only and BM25-only baselines, in one run."""
-    from arag.eval.retrieval import Scope, count_skipped, evaluate_retrieval, load_questions
+    from arag.eval.retrieval import (
+        Scope,
+        count_skipped,
+        default_questions_path,
+        evaluate_retrieval,
+        load_questions,
+    )
     from arag.index.sparse import BM25Encoder
     from arag.library.manage import load_resolver, open_for_search
     from arag.retrieval.hybrid import HybridRetriever
@@ -51,7 +45,7 @@ def eval_retrieval(
         raise InputError(f"unknown scope {scope!r}", where="--scope", fix="use library, paper or both")
     scopes: list[Scope] = ["library", "paper"] if scope == "both" else [scope]  # type: ignore[list-item]
     settings = load_settings()
-    qpath = questions or _default_questions()
+    qpath = questions or default_questions_path()
     qs = load_questions(qpath, limit=limit)
     skipped = count_skipped(qpath) if limit is None else 0
     store, embedder = open_for_search(settings)

@@ -32,6 +32,7 @@ from arag.errors import InputError
 from arag.eval.qasper_metrics import FLOAT_MARKER
 from arag.ingest.splitter import split_sentences
 from arag.records import ScoredChunk, SearchFilter
+from arag.settings import find_shared_dir
 
 MIN_SENTENCE_CHARS = 20
 Scope = Literal["library", "paper"]
@@ -45,6 +46,18 @@ class EvalQuestion(BaseModel):
     paper_title: str
     question: str
     evidence: list[str]
+
+
+def default_questions_path() -> Path:
+    """QASPER validation questions beside the repository (``../shared/benchmarks/qasper``)."""
+    shared = find_shared_dir()
+    if shared is None:
+        raise InputError(
+            "no QASPER benchmark found beside the repository",
+            where="../shared/benchmarks/qasper",
+            fix="pass --questions PATH to a questions_*.json file",
+        )
+    return shared / "benchmarks" / "qasper" / "questions_validation.json"
 
 
 def read_question_items(path: Path) -> list[dict]:
