@@ -22,9 +22,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[torch,dev]'
 	touch $(STAMP)
 
-# Until the answering service lands, serving = the library, kept up to date, and a sample search.
+# Until the answering service lands, serving = the library, kept up to date, the reranker trained
+# once (about 15 min on 2 cores; a no-op when installed), and a sample search.
 serve: venv
 	$(BIN)/arag library build
+	$(BIN)/arag train reranker
 	$(BIN)/arag library status
 	$(BIN)/arag papers --topics
 	$(BIN)/arag search "Which datasets are used to evaluate question answering over scientific papers?" -k 5 --explain

@@ -67,13 +67,14 @@ def test_filters_scope_every_search(lib: Settings) -> None:
 def test_search_cli(lib: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ARAG_DATA_DIR", str(lib.data_dir))
     monkeypatch.setenv("ARAG_EMBEDDING__PROVIDER", "hash")
+    monkeypatch.setenv("ARAG_RERANK__PROVIDER", "none")
     runner = CliRunner()
     res = runner.invoke(app, ["search", "ontology grammar", "--json", "-k", "3"])
     assert res.exit_code == 0, res.output
     hits = json.loads(res.output)
     assert len(hits) == 3 and hits[0]["chunk"]["paper_id"] == "1601.00901"
     shown = runner.invoke(app, ["search", "ontology grammar", "--explain"])
-    assert shown.exit_code == 0 and "ranks" in shown.output
+    assert shown.exit_code == 0 and "stages" in shown.output and "fused #" in shown.output
     bad = runner.invoke(app, ["search", "x", "--type", "figure"])
     assert bad.exit_code == InputError.exit_code and "abstract, passage or table" in bad.output
 
@@ -96,13 +97,23 @@ def test_eval_retrieval_cli_on_questions_of_the_built_papers(
     qfile.write_text(json.dumps(mine))
     monkeypatch.setenv("ARAG_DATA_DIR", str(lib.data_dir))
     monkeypatch.setenv("ARAG_EMBEDDING__PROVIDER", "hash")
+    monkeypatch.setenv("ARAG_RERANK__PROVIDER", "none")
     out = tmp_path / "r.json"
-    res = CliRunner().invoke(app, ["eval", "retrieval", "--questions", str(qfile), "--json", str(out)])
+    png = tmp_path / "ablation.png"
+    res = CliRunner().invoke(
+        app, ["eval", "retrieval", "--questions", str(qfile), "--json", str(out), "--plot", str(png)]
+    )
     assert res.exit_code == 0, res.output
     reports = json.loads(out.read_text())
     assert [(r["scope"], r["method"]) for r in reports] == [
-        (s, m) for s in ("library", "paper") for m in ("hybrid+resolve", "hybrid", "dense", "bm25")
+        (s, m)
+        for s in ("library", "paper")
+        for m in ("dense", "bm25", "hybrid", "hybrid+resolve", "+rerank", "+rerank+mmr")
     ]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    by = {(r["scope"], r["method"]): r["metrics"] for r in reports}
+    # The identity reranker keeps the fused order, so its row repeats hybrid+resolve's.
+    assert by[("library", "+rerank")] == by[("library", "hybrid+resolve")]
     for r in reports:
         for m in r["metrics"].values():
             assert 0.0 <= m["lo"] <= m["mean"] <= m["hi"] <= 1.0
@@ -175,6 +186,7 @@ def test_sub_queries_concurrent_equals_sequential(lib: Settings) -> None:
 def test_eval_anchors_cli(lib: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("ARAG_DATA_DIR", str(lib.data_dir))
     monkeypatch.setenv("ARAG_EMBEDDING__PROVIDER", "hash")
+    monkeypatch.setenv("ARAG_RERANK__PROVIDER", "none")
     out = tmp_path / "a.json"
     res = CliRunner().invoke(app, ["eval", "anchors", "--json", str(out)])
     assert res.exit_code == 0, res.output
@@ -187,10 +199,12 @@ def test_bench_retrieval_runs_every_stage(
 ) -> None:
     monkeypatch.setenv("ARAG_DATA_DIR", str(lib.data_dir))
     monkeypatch.setenv("ARAG_EMBEDDING__PROVIDER", "hash")
+    monkeypatch.setenv("ARAG_RERANK__PROVIDER", "none")
     out = tmp_path / "b.json"
     res = CliRunner().invoke(app, ["bench", "retrieval", "--queries", "12", "--json", str(out)])
     assert res.exit_code == 0, res.output
     r = json.loads(out.read_text())
-    assert set(r["stage_ms"]) == {"embed", "dense", "sparse", "fuse"}
+    assert set(r["stage_ms"]) == {"embed", "dense", "sparse", "fuse", "rerank"}
+    assert r["reranker"] == "none" and r["rerank_candidates"] == 25
     assert r["queries"] == 12 and all(v > 0 for v in r["stage_ms"].values())
     assert r["cold_start_ms"] > r["index_open_ms"] > 0

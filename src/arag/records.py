@@ -134,3 +134,14 @@ class SearchFilter(BaseModel):
     year_min: int | None = None
     year_max: int | None = None
     topics: list[int] | None = None
+
+
+class RankedChunk(ScoredChunk):
+    """A candidate after reranking: ``score`` is the final score (the rerank score, floored for a
+    canonical paper), beside where the fusion had it and which searches found it."""
+
+    fused_rank: int = Field(description="1-based rank in the fused list")
+    fused_score: float
+    rerank_score: float | None = Field(default=None, description="the model's raw score; None: no reranker")
+    floored: bool = Field(default=False, description="raised to the lower bar: a canonical paper's chunk")
+    found_by: list[str] = Field(default_factory=list, description="abstracts, passages, bm25")

@@ -97,6 +97,31 @@ class RetrievalSettings(BaseModel):
     rrf_k: int = 60
 
 
+class RerankSettings(BaseModel):
+    """The cross-encoder that reorders the fused candidates, and the bars that decide what is kept."""
+
+    # trained: the ONNX model `arag train reranker` writes; cross-encoder: a sentence-transformers
+    # CrossEncoder by hub name or path; none: keep the fused order.
+    provider: Literal["trained", "cross-encoder", "none"] = "trained"
+    model: str = "cross-encoder/ms-marco-MiniLM-L-6-v2"
+    # The trained model's folder; default <data_dir>/models/reranker.
+    path: Path | None = None
+    # Word-pieces per (question, passage) pair; None: what the model was trained with.
+    max_length: int | None = None
+    threads: int = 2
+    # At most this many chunks are kept as evidence.
+    keep: int = 8
+    # Candidates at fused ranks 1..supported_rank need the lower bar, the rest the upper bar.
+    supported_rank: int = 10
+    # None: the bars calibrated on QASPER validation and recorded in the model card.
+    lower_bar: float | None = None
+    upper_bar: float | None = None
+    mmr: bool = False
+    mmr_lambda: float = 0.7
+    # An arXiv manifest whose canonical papers get their rerank score floored at the lower bar.
+    canonical_manifest: Path | None = None
+
+
 class TopicSettings(BaseModel):
     """Topic clustering of abstract vectors."""
 
@@ -134,6 +159,7 @@ class Settings(BaseSettings):
     store: StoreSettings = Field(default_factory=StoreSettings)
     topics: TopicSettings = Field(default_factory=TopicSettings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    rerank: RerankSettings = Field(default_factory=RerankSettings)
     arxiv: ArxivSettings = Field(default_factory=ArxivSettings)
 
     @field_validator("data_dir")
@@ -172,6 +198,10 @@ class Settings(BaseSettings):
     @property
     def embedding_cache_db(self) -> Path:
         return self.cache_dir / "embeddings.sqlite3"
+
+    @property
+    def reranker_dir(self) -> Path:
+        return self.rerank.path or self.data_dir / "models" / "reranker"
 
 
 def config_path() -> Path | None:

@@ -64,7 +64,8 @@ def bench_retrieval(
     queries: Annotated[int, typer.Option(help="QASPER validation questions to time.")] = 150,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
 ) -> None:
-    """Per-stage latency medians, 1 vs 3 sub-queries (sequential vs concurrent), cold start."""
+    """Per-stage latency medians (embed, dense, sparse, fuse, rerank), 1 vs 3 sub-queries (sequential
+    vs concurrent), with and without reranking, and cold start."""
     from arag.bench.retrieval import run_retrieval_bench
     from arag.eval.retrieval import default_questions_path, library_query, load_questions
 
@@ -76,14 +77,70 @@ def bench_retrieval(
     )
     for stage, ms in r.stage_ms.items():
         table.add_row(f"stage: {stage}", f"{ms:.2f} ms")
+    table.add_row("reranker / candidates", f"{r.reranker} / {r.rerank_candidates:.0f}")
     table.add_row("1 query (hybrid)", f"{r.one_query_ms:.1f} ms")
+    table.add_row(
+        "1 query (hybrid + rerank)",
+        f"{r.one_query_reranked_ms:.1f} ms (x{r.one_query_reranked_ms / r.one_query_ms:.1f} vs hybrid)",
+    )
     table.add_row("3 sub-queries, sequential", f"{r.three_sequential_ms:.1f} ms")
     table.add_row(
         "3 sub-queries, concurrent",
         f"{r.three_concurrent_ms:.1f} ms (x{r.concurrent_speedup:.2f} vs sequential)",
     )
-    table.add_row("index open / model load", f"{r.index_open_ms:.0f} ms / {r.model_load_ms:.0f} ms")
+    table.add_row(
+        "index open / embedder load / reranker load",
+        f"{r.index_open_ms:.0f} ms / {r.model_load_ms:.0f} ms / {r.reranker_load_ms:.0f} ms",
+    )
     table.add_row("cold start (new process to first result)", f"{r.cold_start_ms:.0f} ms")
+    console.print(table)
+    if json_out:
+        json_out.write_text(r.model_dump_json(indent=2))
+
+
+@bench_app.command("reranker")
+@handle_errors
+def bench_reranker(
+    lengths: Annotated[
+        str, typer.Option(help="Comma-separated input lengths (word-pieces per pair).")
+    ] = "128,160,192,256",
+    questions: Annotated[int | None, typer.Option(help="Validation questions (default: all).")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
+) -> None:
+    """The installed reranker at several input lengths: validation nDCG@10 against ms per candidate list."""
+    from arag.bench.rerank import run_rerank_bench
+    from arag.errors import InputError
+    from arag.eval.retrieval import default_questions_path
+
+    try:
+        sizes = [int(x) for x in lengths.split(",") if x.strip()]
+    except ValueError as exc:
+        raise InputError(
+            f"bad --lengths {lengths!r}", where="--lengths", fix="give numbers, e.g. 128,192"
+        ) from exc
+    settings = load_settings()
+    with build_progress("rerank bench", unit="lists") as bar:
+        r = run_rerank_bench(
+            settings, default_questions_path(), sizes, limit=questions, progress=bar.advance, start=bar.start
+        )
+    table = Table(
+        "max length",
+        "nDCG@10",
+        "Recall@10",
+        "median ms / list",
+        "p90 ms",
+        title=f"{r.model} (trained at {r.trained_max_length}) on {r.questions} validation lists of "
+        f"{r.candidates_median:.0f}; fused order nDCG@10 {r.fused_ndcg10:.3f}, "
+        f"Recall@10 {r.fused_recall10:.3f}",
+    )
+    for run in r.runs:
+        table.add_row(
+            str(run.max_length),
+            f"{run.ndcg10:.3f}",
+            f"{run.recall10:.3f}",
+            f"{run.median_ms:.1f}",
+            f"{run.p90_ms:.1f}",
+        )
     console.print(table)
     if json_out:
         json_out.write_text(r.model_dump_json(indent=2))

@@ -23,12 +23,16 @@ class RetrievalBench(BaseModel):
     queries: int
     warmup: int
     stage_ms: dict[str, float]  # medians per query
+    reranker: str
+    rerank_candidates: float  # median candidates per query
     one_query_ms: float
+    one_query_reranked_ms: float
     three_sequential_ms: float
     three_concurrent_ms: float
     concurrent_speedup: float
     index_open_ms: float
     model_load_ms: float
+    reranker_load_ms: float
     cold_start_ms: float
 
 
@@ -46,6 +50,8 @@ def run_retrieval_bench(settings: Settings, questions: Sequence[str], *, warmup:
     from arag.index.factory import open_store
     from arag.library.manage import open_for_search
     from arag.models.embedder import get_embedder
+    from arag.models.reranker import get_reranker, pair_text
+    from arag.retrieval.pipeline import make_retriever
 
     store, _ = open_for_search(settings)  # validates the library; closed to time a fresh open
     dim = store.dim
@@ -56,13 +62,18 @@ def run_retrieval_bench(settings: Settings, questions: Sequence[str], *, warmup:
     t0 = time.perf_counter()
     embedder = get_embedder(settings.embedding, None)  # no cache: every query runs the model
     model_load_ms = 1000 * (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    reranker = get_reranker(settings)
+    reranker_load_ms = 1000 * (time.perf_counter() - t0)
     try:
         s = settings.retrieval
         bm25 = BM25Encoder()
         retriever = HybridRetriever(store, embedder, s)
         for q in questions[:warmup]:
             retriever.search(q)
-        stages: dict[str, list[float]] = {k: [] for k in ("embed", "dense", "sparse", "fuse")}
+        full = make_retriever(settings, store, retriever, reranker)
+        stages: dict[str, list[float]] = {k: [] for k in ("embed", "dense", "sparse", "fuse", "rerank")}
+        pool: list[int] = []
         for q in questions:
             t0 = time.perf_counter()
             vec = embedder.embed_batch([q])[0]
@@ -72,14 +83,19 @@ def run_retrieval_bench(settings: Settings, questions: Sequence[str], *, warmup:
             t2 = time.perf_counter()
             b = store.sparse_search(bm25.encode_query(q), s.bm25_k)
             t3 = time.perf_counter()
-            fuse_chunks([a, p, b], k=s.rrf_k, limit=s.fused_k)
+            fused = fuse_chunks([a, p, b], k=s.rrf_k, limit=s.fused_k)
             t4 = time.perf_counter()
-            for name, dt in zip(stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            reranker.score(q, [pair_text(h.chunk) for h in fused])
+            t5 = time.perf_counter()
+            pool.append(len(fused))
+            for name, dt in zip(stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
                 stages[name].append(1000 * dt)
         triples = [list(questions[i : i + 3]) for i in range(0, len(questions) - 2, 3)]
         runs = len(triples)
         it1 = iter(questions)
         one = _median_ms(lambda: retriever.search(next(it1)), runs)
+        it2 = iter(questions)
+        one_rr = _median_ms(lambda: full.search(next(it2)), runs)
         seq_iter, con_iter = iter(triples), iter(triples)
         seq = _median_ms(lambda: retriever.search_many(next(seq_iter), concurrent=False), runs)
         con = _median_ms(lambda: retriever.search_many(next(con_iter), concurrent=True), runs)
@@ -98,11 +114,15 @@ def run_retrieval_bench(settings: Settings, questions: Sequence[str], *, warmup:
         queries=len(questions),
         warmup=warmup,
         stage_ms={k: statistics.median(v) for k, v in stages.items()},
+        reranker=reranker.name,
+        rerank_candidates=statistics.median(pool) if pool else 0.0,
         one_query_ms=one,
+        one_query_reranked_ms=one_rr,
         three_sequential_ms=seq,
         three_concurrent_ms=con,
         concurrent_speedup=seq / con if con else float("nan"),
         index_open_ms=index_open_ms,
         model_load_ms=model_load_ms,
+        reranker_load_ms=reranker_load_ms,
         cold_start_ms=cold_ms,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +17,8 @@ from arag.corpus.qasper import ATTRIBUTION
 from arag.errors import InputError
 from arag.library.build import BuildSummary
 from arag.library.manage import add_pdfs, build_library, library_status, list_papers
+from arag.records import ScoredChunk
+from arag.retrieval.pipeline import SearchResult
 from arag.settings import Settings
 
 app = typer.Typer(
@@ -33,6 +36,7 @@ app.add_typer(library_app, name="library")
 def _register_subapps() -> None:
     from arag.bench.cli import bench_app
     from arag.cli.corpus import corpus_app
+    from arag.cli.train import train_app
     from arag.eval.cli import eval_app
 
     app.add_typer(
@@ -40,6 +44,9 @@ def _register_subapps() -> None:
     )
     app.add_typer(bench_app, name="bench", help="Benchmarks that print figures and can write JSON.")
     app.add_typer(eval_app, name="eval", help="Quality figures on QASPER (validation split).")
+    app.add_typer(
+        train_app, name="train", help="Train arag's own models (the reranker) from packaged weights."
+    )
 
 
 def _print_summary(summary: BuildSummary, title: str) -> None:
@@ -207,19 +214,26 @@ def search_cmd(
         list[str] | None, typer.Option("--type", help="Only these chunk types: abstract, passage, table.")
     ] = None,
     topic: Annotated[int | None, typer.Option(help="Only papers of this topic.")] = None,
-    limit: Annotated[int, typer.Option("-k", help="How many passages to show.")] = 10,
+    limit: Annotated[int, typer.Option("-k", "--k", help="How many passages to show.")] = 10,
+    rerank: Annotated[
+        bool, typer.Option("--rerank/--no-rerank", help="Rerank with the configured cross-encoder.")
+    ] = True,
     explain: Annotated[
-        bool, typer.Option("--explain", help="Show each search's ranks before fusion.")
+        bool, typer.Option("--explain", help="Show every stage's list: each search, fusion, rerank.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the hits as JSON.")] = False,
 ) -> None:
-    """Hybrid search (dense + BM25, fused with RRF) over the library's passages."""
+    """Hybrid search (dense + BM25, fused with RRF), reranked by the cross-encoder."""
     from arag.library.manage import load_resolver, open_for_search
+    from arag.models.reranker import IdentityReranker
     from arag.records import SearchFilter
     from arag.retrieval.hybrid import HybridRetriever
+    from arag.retrieval.pipeline import make_retriever
 
     if not query.strip():
         raise InputError("the query is empty", where="arag search", fix="give a question or keywords")
+    if limit < 1:
+        raise InputError(f"-k must be at least 1, got {limit}", where="-k", fix="ask for 1 or more passages")
     bad = [t for t in chunk_type or [] if t not in ("abstract", "passage", "table")]
     if bad:
         raise InputError(
@@ -237,32 +251,67 @@ def search_cmd(
         )
     store, embedder = open_for_search(settings)
     try:
-        retriever = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
+        hybrid = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
+        retriever = make_retriever(settings, store, hybrid, None if rerank else IdentityReranker())
         result = retriever.search(query, flt)
     finally:
         store.close()
-    hits = result.fused[:limit]
+    hits = result.ranked[:limit]
     if as_json:
         print(json.dumps([h.model_dump() for h in hits], indent=2))
         return
-    if result.resolved is not None:
-        r = result.resolved
+    hyb = result.hybrid
+    if hyb.resolved is not None:
+        r = hyb.resolved
         console.print(
             f"scoped to [bold]{r.paper_id}[/] {r.title!r}: {r.reason()}", soft_wrap=True, highlight=False
         )
     elif explain:
         console.print("no paper named: searched the whole library", soft_wrap=True)
-    lists = {"abs": result.dense_abstracts, "dense": result.dense_passages, "bm25": result.bm25}
-    ranks = {name: {h.chunk.id: i + 1 for i, h in enumerate(lst)} for name, lst in lists.items()}
+    if explain:
+        _explain_stages(result)
+    kept = {c.chunk.id for c in result.kept}
     for i, h in enumerate(hits, 1):
         c = h.chunk
         where = f"{c.section} ({c.type})" if c.section else c.type
-        line = f"[bold][{i}][/] [cyan]{c.paper_id}[/] {escape(c.title)} · {escape(where)}"
-        if explain:
-            line += " · ranks abs/dense/bm25 " + "/".join(str(ranks[n].get(c.id, "-")) for n in lists)
+        score = f"rerank {h.rerank_score:.3f}" if h.rerank_score is not None else f"rrf {h.fused_score:.4f}"
+        marks = (" · [green]kept[/]" if c.id in kept else "") + (" · floored" if h.floored else "")
+        line = (
+            f"[bold][{i}][/] [cyan]{c.paper_id}[/] {escape(c.title)} · {escape(where)} · {score} · "
+            f"fused #{h.fused_rank} · {'+'.join(h.found_by) or '-'}{marks}"
+        )
         console.print(line, soft_wrap=False, highlight=False)
         text = c.text if len(c.text) <= 600 else c.text[:600] + " …"
         console.print(Padding(escape(text), (0, 0, 1, 4)), highlight=False)
+    console.print(
+        f"[dim]{result.model}: {len(result.kept)} kept of {len(result.ranked)} candidates; "
+        f"search {result.timings['search']:.0f} ms, rerank {result.timings['rerank']:.0f} ms[/]",
+        highlight=False,
+    )
+
+
+def _explain_stages(result: SearchResult) -> None:
+    """Each search's top ranks, then fusion and rerank, side by side."""
+    hyb = result.hybrid
+    stages: dict[str, Sequence[ScoredChunk]] = {
+        "abstracts (dense)": hyb.dense_abstracts,
+        "passages (dense)": hyb.dense_passages,
+        "bm25": hyb.bm25,
+        "fused (rrf)": hyb.fused,
+        "reranked": result.ranked,
+    }
+    table = Table("rank", *stages, title="stages (paper id:chunk index, score)")
+    depth = max(len(v) for v in stages.values())
+    for i in range(depth):
+        cells = []
+        for hits in stages.values():
+            if i < len(hits):
+                h = hits[i]
+                cells.append(f"{h.chunk.paper_id}:{h.chunk.index} {h.score:.3f}")
+            else:
+                cells.append("")
+        table.add_row(str(i + 1), *cells)
+    console.print(table)
 
 
 _register_subapps()

@@ -15,7 +15,8 @@ from arag.records import ScoredChunk, SearchFilter
 
 eval_app = typer.Typer(no_args_is_help=True)
 
-METHODS = ("hybrid+resolve", "hybrid", "dense", "bm25")
+# The ablation, in one run over the same questions. The rerank rows rerank hybrid+resolve's list.
+METHODS = ("dense", "bm25", "hybrid", "hybrid+resolve", "+rerank", "+rerank+mmr")
 
 
 @eval_app.command("retrieval")
@@ -26,10 +27,14 @@ def eval_retrieval(
     ] = None,
     scope: Annotated[str, typer.Option(help="library, paper, or both.")] = "both",
     limit: Annotated[int | None, typer.Option(help="Only the first N questions.")] = None,
+    methods: Annotated[
+        str, typer.Option(help=f"Comma-separated subset of: {', '.join(METHODS)}.")
+    ] = ",".join(METHODS),
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the reports as JSON.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write the ablation bar chart (PNG) here.")] = None,
 ) -> None:
-    """Evidence Recall@5/10/20, nDCG@10, MRR@10 and paper hit@5 with 95% bootstrap CIs: hybrid search
-    with and without paper resolution, against dense-only and BM25-only baselines, in one run."""
+    """Evidence Recall@5/10/20, nDCG@10, MRR@10 and paper hit@5 with 95% bootstrap CIs, for the ablation
+    in one run: dense only, BM25 only, hybrid RRF, + paper resolution, + rerank, + rerank + MMR."""
     from arag.eval.retrieval import (
         Scope,
         count_skipped,
@@ -44,6 +49,14 @@ def eval_retrieval(
     if scope not in ("library", "paper", "both"):
         raise InputError(f"unknown scope {scope!r}", where="--scope", fix="use library, paper or both")
     scopes: list[Scope] = ["library", "paper"] if scope == "both" else [scope]  # type: ignore[list-item]
+    chosen = [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in METHODS]
+    if unknown or not chosen:
+        raise InputError(
+            f"unknown method {unknown[0] if unknown else ''!r}",
+            where="--methods",
+            fix=f"use {', '.join(METHODS)}",
+        )
     settings = load_settings()
     qpath = questions or default_questions_path()
     qs = load_questions(qpath, limit=limit)
@@ -53,6 +66,15 @@ def eval_retrieval(
     resolving = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
     bm25 = BM25Encoder()
     depth = max(20, settings.retrieval.fused_k)
+    reranking = {}
+    if any(m.startswith("+rerank") for m in chosen):
+        from arag.models.reranker import get_reranker
+        from arag.retrieval.pipeline import make_retriever
+
+        model = get_reranker(settings)  # loaded once, shared by both rows
+        for m in ("+rerank", "+rerank+mmr"):
+            rs = settings.rerank.model_copy(update={"mmr": m.endswith("mmr")})
+            reranking[m] = make_retriever(settings.model_copy(update={"rerank": rs}), store, resolving, model)
 
     def search_fn(method: str) -> Callable[[str, SearchFilter | None], list[ScoredChunk]]:
         def run(query: str, flt: SearchFilter | None) -> list[ScoredChunk]:
@@ -60,6 +82,8 @@ def eval_retrieval(
                 return resolving.search(query, flt).fused
             if method == "hybrid":
                 return retriever.search(query, flt).fused
+            if method in reranking:
+                return list(reranking[method].search(query, flt).ranked)
             if method == "dense":
                 return store.dense_search(embedder.embed_query(query), depth, flt)
             return store.sparse_search(bm25.encode_query(query), depth, flt)
@@ -69,7 +93,7 @@ def eval_retrieval(
     reports = []
     try:
         for sc in scopes:
-            for method in METHODS:
+            for method in chosen:
                 with build_progress(f"{sc} / {method}", unit="questions") as bar:
                     bar.start(len(qs))
                     rep = evaluate_retrieval(
@@ -90,8 +114,8 @@ def eval_retrieval(
         for name in shown:
             cells = []
             for _, rep in mine:
-                m = rep.metrics[name]
-                cells.append(f"{m.mean:.3f} ±{max(m.mean - m.lo, m.hi - m.mean):.3f}")
+                mt = rep.metrics[name]
+                cells.append(f"{mt.mean:.3f} ±{max(mt.mean - mt.lo, mt.hi - mt.mean):.3f}")
             table.add_row(name, *cells)
         table.add_row("median ms", *(f"{r.median_ms:.1f}" for _, r in mine))
         console.print(table)
@@ -101,6 +125,10 @@ def eval_retrieval(
         json_out.write_text(
             json.dumps([{"method": m, **r.model_dump(exclude={"results"})} for m, r in reports], indent=2)
         )
+    if plot:
+        from arag.eval.plot import plot_ablation
+
+        console.print(f"chart: {plot_ablation(reports, plot)}")
 
 
 @eval_app.command("anchors")

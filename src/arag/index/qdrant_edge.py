@@ -381,3 +381,17 @@ class EdgeStore:
             if rec.payload:
                 by_id[str(rec.payload.get("id"))] = rec.payload
         return [Chunk(**by_id[i]) for i in ids if i in by_id]
+
+    def get_vectors(self, ids: Sequence[str]) -> np.ndarray:
+        """Dense vectors of these chunks, one row per id in the order given (zeros for unknown ids)."""
+        out = np.zeros((len(ids), self.dim), dtype=np.float32)
+        if not ids:
+            return out
+        with self._engine(f"retrieve {len(ids)} vectors"):
+            records = self._live().retrieve([point_id(i) for i in ids], with_payload=False, with_vector=True)
+        by_point = {str(rec.id): rec.vector for rec in records}
+        for row, cid in enumerate(ids):
+            vec = by_point.get(point_id(cid))
+            if isinstance(vec, dict) and DENSE in vec:
+                out[row] = np.asarray(vec[DENSE], dtype=np.float32)
+        return out

@@ -76,6 +76,10 @@ class Store(Protocol):
         """The chunks with these ids, in the order asked; unknown ids are skipped."""
         ...
 
+    def get_vectors(self, ids: Sequence[str]) -> np.ndarray:
+        """Dense vectors of these chunks, ``(len(ids), dim)``, in the order asked (for MMR)."""
+        ...
+
     def optimize(self) -> None:
         """Compact segments and build the vector indexes; call once after a build."""
         ...

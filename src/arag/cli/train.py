@@ -1,0 +1,79 @@
+"""``arag train``: train arag's own models from packaged weights (no hub downloads)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from arag.cli.common import build_progress, console, handle_errors, load_settings
+
+train_app = typer.Typer(no_args_is_help=True)
+
+
+def _qasper(name: str) -> Path:
+    from arag.eval.retrieval import default_questions_path
+
+    return default_questions_path().with_name(name)
+
+
+@train_app.command("reranker")
+@handle_errors
+def train_reranker_cmd(
+    train: Annotated[Path | None, typer.Option(help="QASPER training questions (default: train).")] = None,
+    validation: Annotated[
+        Path | None, typer.Option(help="QASPER questions to validate and calibrate on (default: validation).")
+    ] = None,
+    layers: Annotated[int, typer.Option(help="MiniLM layers kept (1-6): fewer is faster.")] = 2,
+    max_length: Annotated[int, typer.Option(help="Word-pieces per (question, passage) pair.")] = 192,
+    epochs: Annotated[float, typer.Option(help="Passes over the training questions.")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Seed for sampling and initialisation.")] = 0,
+    quantize: Annotated[
+        str, typer.Option(help="auto (int8 if it holds validation nDCG), int8 or fp32.")
+    ] = "auto",
+    train_limit: Annotated[int | None, typer.Option(help="Only the first N training questions.")] = None,
+    val_limit: Annotated[int | None, typer.Option(help="Only the first N validation questions.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Retrain even if a model is installed.")] = False,
+) -> None:
+    """Fine-tune the cross-encoder reranker from the packaged MiniLM weights on QASPER train, export it
+    to ONNX, calibrate its bars on validation and install it with a model card."""
+    from arag.errors import InputError
+    from arag.models.reranker import CARD_FILE
+    from arag.train.pipeline import train_reranker
+    from arag.train.reranker import TrainConfig
+
+    settings = load_settings()
+    target = settings.reranker_dir
+    if (target / CARD_FILE).is_file() and not force:
+        console.print(f"a trained reranker is installed in {target}: --force retrains it")
+        return
+    if quantize not in ("auto", "int8", "fp32"):
+        raise InputError(f"unknown --quantize {quantize!r}", where="--quantize", fix="use auto, int8 or fp32")
+    cfg = TrainConfig(layers=layers, max_length=max_length, epochs=epochs, seed=seed, quantize=quantize)  # type: ignore[arg-type]
+    card = train_reranker(
+        settings,
+        cfg,
+        train_path=train or _qasper("questions_train.json"),
+        val_path=validation or _qasper("questions_validation.json"),
+        train_limit=train_limit,
+        val_limit=val_limit,
+        progress=build_progress,
+    )
+    v = card.validation
+    table = Table("", "Recall@10", "nDCG@10", "MRR@10", title=f"{card.model_id}: QASPER validation")
+    for name in ("fused_order", "fp32", "int8"):
+        m = v[name]
+        table.add_row(name, f"{m['recall@10']:.3f}", f"{m['ndcg@10']:.3f}", f"{m['mrr@10']:.3f}")
+    console.print(table)
+    t = card.training
+    bars = f"bars lower {card.bars.lower:.3f} / upper {card.bars.upper:.3f}" if card.bars else "no bars"
+    console.print(
+        f"installed {v['chosen']} in {target}; trained {t['steps']} steps ({t['pairs']} pairs) in "
+        f"{t['seconds']:.0f} s; whole run {card.calibration['total_seconds']:.0f} s; "
+        f"{v['median_ms_per_list'][v['chosen']]:.1f} ms per candidate list; {bars}",
+        soft_wrap=True,
+    )
+    console.print(json.dumps(v["kept_set"]), soft_wrap=True)

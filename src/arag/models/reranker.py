@@ -1,0 +1,255 @@
+"""Cross-encoder rerankers behind one small protocol.
+
+- ``trained``: the MiniLM cross-encoder that ``arag train reranker`` fine-tunes on QASPER train and
+  exports to ONNX (no torch at query time). Its folder holds ``model.onnx`` and ``card.json``, the
+  model card with the training data, steps, validation metrics and the calibrated bars.
+- ``cross-encoder``: a sentence-transformers ``CrossEncoder`` by hub name or local path (needs the
+  ``torch`` extra, and the weights on disk or a reachable hub).
+- ``none``: the identity; the fused order stands (also the fake the fast tests use).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+from pydantic import BaseModel, Field, ValidationError
+
+from arag.errors import ConfigError, ModelError
+from arag.records import Chunk
+from arag.settings import Settings
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+log = logging.getLogger(__name__)
+
+MODEL_FILE = "model.onnx"
+CARD_FILE = "card.json"
+# The question is cut to this many word-pieces before the passage is: a pasted paragraph as the
+# question must not leave the passage no room.
+MAX_QUERY_TOKENS = 64
+
+
+class Bars(BaseModel):
+    """Rerank score thresholds: ``lower`` for candidates the fusion ranked high, ``upper`` for the rest."""
+
+    lower: float
+    upper: float
+
+
+class ModelCard(BaseModel):
+    """What a trained reranker is, how it was made, and how well it did on QASPER validation."""
+
+    model_id: str
+    base_model: str
+    layers: int
+    max_length: int
+    quantized: bool
+    onnx_sha256: str
+    created: str
+    seed: int
+    data: dict[str, Any] = Field(default_factory=dict)
+    training: dict[str, Any] = Field(default_factory=dict)
+    validation: dict[str, Any] = Field(default_factory=dict)
+    bars: Bars | None = None
+    calibration: dict[str, Any] = Field(default_factory=dict)
+
+
+def pair_text(chunk: Chunk) -> str:
+    """What the cross-encoder reads of a chunk: its section and text. The title is left out: the
+    candidates of a resolved question share one paper, so its title would only cost word-pieces."""
+    return f"{chunk.section}: {chunk.text}" if chunk.section else chunk.text
+
+
+@runtime_checkable
+class Reranker(Protocol):
+    """Scores (question, passage) pairs; higher is more relevant. Scores of one model compare across
+    questions (the bars rely on it), not across models."""
+
+    name: str
+    bars: Bars | None
+
+    def score(self, query: str, passages: Sequence[str]) -> np.ndarray:
+        """One float per passage."""
+        ...
+
+
+class IdentityReranker:
+    """No reranking: scores that keep the given order (first is best)."""
+
+    name = "none"
+    bars: Bars | None = None
+
+    def score(self, query: str, passages: Sequence[str]) -> np.ndarray:
+        return -np.arange(len(passages), dtype=np.float32)
+
+
+def load_pair_tokenizer(max_length: int) -> Tokenizer:
+    """MiniLM word-pieces for a (question, passage) pair: [CLS] q [SEP] p [SEP], cut to ``max_length``
+    by trimming the longer side first, padded to the longest pair of a batch."""
+    from arag.models.onnx_minilm import load_tokenizer
+
+    tok = load_tokenizer(max_length)
+    tok.enable_truncation(max_length=max_length, strategy="longest_first")
+    return tok
+
+
+def encode_pairs(
+    tok: Tokenizer, query: str, passages: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """input_ids, attention_mask, token_type_ids (int64, padded) for one question and its passages."""
+    q_ids = tok.encode(query, add_special_tokens=False).ids
+    if len(q_ids) > MAX_QUERY_TOKENS:
+        query = tok.decode(q_ids[:MAX_QUERY_TOKENS])
+    encs = tok.encode_batch([(query, p) for p in passages])
+    ids = np.asarray([e.ids for e in encs], dtype=np.int64)
+    mask = np.asarray([e.attention_mask for e in encs], dtype=np.int64)
+    types = np.asarray([e.type_ids for e in encs], dtype=np.int64)
+    return ids, mask, types
+
+
+def read_card(folder: Path) -> ModelCard:
+    """The model card of a trained reranker; a ModelError saying what to do when absent or broken."""
+    path = folder / CARD_FILE
+    if not path.is_file() or not (folder / MODEL_FILE).is_file():
+        raise ModelError(
+            f"no trained reranker in {folder}",
+            where="ARAG_RERANK__PROVIDER=trained",
+            fix="train it once with `arag train reranker` (about 15 minutes on 2 cores; `make serve` "
+            "does it on first run), or set ARAG_RERANK__PROVIDER=none to search without reranking",
+        )
+    try:
+        return ModelCard.model_validate(json.loads(path.read_text()))
+    except (json.JSONDecodeError, ValidationError) as exc:
+        raise ModelError(
+            f"the reranker's model card is unreadable: {exc}",
+            where=str(path),
+            fix="retrain it with `arag train reranker --force`",
+        ) from exc
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class OnnxReranker:
+    """The trained cross-encoder on ONNX Runtime (2 threads by default)."""
+
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        threads: int = 2,
+        max_length: int | None = None,
+        card: ModelCard | None = None,
+        model_file: Path | None = None,
+    ) -> None:
+        """Load ``folder``'s model and card; training passes a ``card`` and ``model_file`` directly
+        to score candidates before anything is installed."""
+        import onnxruntime as ort
+
+        from arag.models.onnx_minilm import session_options
+
+        self.card = card or read_card(folder)
+        model = model_file or folder / MODEL_FILE
+        if card is None and file_sha256(model) != self.card.onnx_sha256:
+            raise ModelError(
+                "the reranker's model.onnx does not match the sha256 in its model card",
+                where=str(model),
+                fix="the file was changed or cut short: retrain with `arag train reranker --force`",
+            )
+        self.name = f"trained:{self.card.model_id}"
+        self.bars: Bars | None = self.card.bars
+        self.max_length = max_length or self.card.max_length
+        self._tok = load_pair_tokenizer(self.max_length)
+        self._lock = threading.Lock()  # tokenizers' padding state is per object
+        try:
+            self._session = ort.InferenceSession(
+                str(model), sess_options=session_options(threads), providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:
+            raise ModelError(
+                f"ONNX Runtime could not load the reranker: {exc}",
+                where=str(model),
+                fix="retrain it with `arag train reranker --force`",
+            ) from exc
+        self._inputs = {i.name for i in self._session.get_inputs()}
+
+    def score(self, query: str, passages: Sequence[str]) -> np.ndarray:
+        if not passages:
+            return np.zeros(0, dtype=np.float32)
+        with self._lock:
+            ids, mask, types = encode_pairs(self._tok, query, passages)
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        out = self._session.run(None, {k: v for k, v in feeds.items() if k in self._inputs})[0]
+        return np.asarray(out, dtype=np.float32).reshape(-1)
+
+
+class HubCrossEncoder:
+    """A sentence-transformers CrossEncoder (e.g. ``cross-encoder/ms-marco-MiniLM-L-6-v2``)."""
+
+    def __init__(self, model: str, *, threads: int = 2, max_length: int | None = None) -> None:
+        try:
+            import torch
+            from sentence_transformers import CrossEncoder
+        except ImportError as exc:
+            raise ModelError(
+                "sentence-transformers is not installed",
+                where="ARAG_RERANK__PROVIDER=cross-encoder",
+                fix="pip install -e '.[torch]' (with torch==2.13.0 first), or use the trained reranker",
+            ) from exc
+        torch.set_num_threads(threads)
+        try:
+            self._model = CrossEncoder(model, device="cpu", max_length=max_length)
+        except Exception as exc:
+            raise ModelError(
+                f"could not load the cross-encoder {model!r}: {exc}",
+                where="ARAG_RERANK__MODEL",
+                fix="give a local path or a hub name whose weights are on disk (this machine has no hub "
+                "access), or use ARAG_RERANK__PROVIDER=trained",
+            ) from exc
+        self.name = f"cross-encoder:{model}"
+        self.bars: Bars | None = None
+
+    def score(self, query: str, passages: Sequence[str]) -> np.ndarray:
+        if not passages:
+            return np.zeros(0, dtype=np.float32)
+        scores = self._model.predict([(query, p) for p in passages], show_progress_bar=False)
+        return np.asarray(scores, dtype=np.float32).reshape(-1)
+
+
+def get_reranker(settings: Settings) -> Reranker:
+    """The reranker the settings select; bars given in the settings replace the model's own."""
+    rs = settings.rerank
+    reranker: Reranker
+    if rs.provider == "none":
+        reranker = IdentityReranker()
+    elif rs.provider == "trained":
+        reranker = OnnxReranker(settings.reranker_dir, threads=rs.threads, max_length=rs.max_length)
+    elif rs.provider == "cross-encoder":
+        reranker = HubCrossEncoder(rs.model, threads=rs.threads, max_length=rs.max_length)
+    else:  # pragma: no cover - pydantic rejects other values
+        raise ConfigError(f"unknown reranker {rs.provider!r}", where="ARAG_RERANK__PROVIDER", fix="")
+    if rs.lower_bar is not None or rs.upper_bar is not None:
+        base = reranker.bars
+        lower = rs.lower_bar if rs.lower_bar is not None else (base.lower if base else None)
+        upper = rs.upper_bar if rs.upper_bar is not None else (base.upper if base else None)
+        if lower is None or upper is None:
+            raise ConfigError(
+                "only one rerank bar is set and the model has none to complete it",
+                where="ARAG_RERANK__LOWER_BAR / ARAG_RERANK__UPPER_BAR",
+                fix="set both bars",
+            )
+        reranker.bars = Bars(lower=lower, upper=upper)
+    return reranker

@@ -1,0 +1,1 @@
+"""Training arag's own models (the reranker) from the packaged weights and QASPER train."""

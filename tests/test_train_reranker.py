@@ -1,0 +1,154 @@
+"""``arag train reranker`` end to end on a tiny library: mine, train, export, calibrate, install, load.
+
+A 1-layer model on 96 word-pieces and a few dozen questions: the numbers mean nothing, the plumbing
+(files, card, checksum, reproducibility, CLI) is what is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from arag.cli.main import app
+from arag.errors import ModelError
+from arag.library.manage import build_library
+from arag.models.reranker import CARD_FILE, MODEL_FILE, ModelCard, OnnxReranker, file_sha256, get_reranker
+from arag.settings import Settings, get_settings
+from arag.train.pipeline import train_reranker
+from arag.train.reranker import TrainConfig
+
+pytestmark = pytest.mark.real_models
+
+# The first papers of QASPER train and validation: every question of the limits below is about one.
+TRAIN_PAPERS = ["1909.00694", "2003.07723", "1705.09665", "1908.06606", "1811.00942", "1805.02400"]
+VAL_PAPERS = ["1912.01214", "1810.08699", "1609.00425", "1801.05147"]
+CFG = TrainConfig(layers=1, max_length=96, epochs=1.0, threads=1)
+
+
+@pytest.fixture(scope="module")
+def questions(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> tuple[Path, Path]:
+    """Train and validation question files cut to the library's papers."""
+    out = tmp_path_factory.mktemp("questions")
+    paths = []
+    for split, papers in (("train", TRAIN_PAPERS), ("validation", VAL_PAPERS)):
+        src = shared_dir / "benchmarks" / "qasper" / f"questions_{split}.json"
+        if not src.is_file():
+            pytest.skip(f"{src} is missing")
+        items = [q for q in json.loads(src.read_text()) if q["paper_id"] in papers]
+        path = out / f"questions_{split}.json"
+        path.write_text(json.dumps(items))
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings:
+    s = get_settings(
+        data_dir=tmp_path_factory.mktemp("train-lib"),
+        corpus={"paper_ids": TRAIN_PAPERS + VAL_PAPERS},
+        embedding={"provider": "hash"},
+        topics={"k": 2},
+    )
+    summary = build_library(s)
+    assert summary.papers_added == len(TRAIN_PAPERS + VAL_PAPERS)
+    return s
+
+
+@pytest.fixture(scope="module")
+def trained(lib: Settings, questions: tuple[Path, Path]) -> ModelCard:
+    train, val = questions
+    return train_reranker(lib, CFG, train_path=train, val_path=val, train_limit=30, val_limit=10)
+
+
+def test_the_model_and_its_card_are_installed(lib: Settings, trained: ModelCard) -> None:
+    folder = lib.reranker_dir
+    assert (folder / MODEL_FILE).is_file() and (folder / CARD_FILE).is_file()
+    assert sorted(p.name for p in folder.iterdir()) == [CARD_FILE, MODEL_FILE]
+    # Nothing of the work folder is left beside it.
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]
+    card = ModelCard.model_validate_json((folder / CARD_FILE).read_text())
+    assert card == trained
+    assert card.onnx_sha256 == file_sha256(folder / MODEL_FILE)
+    assert card.model_id == f"minilm-l1-qasper-{card.onnx_sha256[:8]}"
+    assert card.layers == 1 and card.max_length == 96 and card.seed == 0
+    assert card.bars is not None and card.bars.lower <= card.bars.upper
+    assert card.data["train_questions"] == 30 and card.data["validation_questions"] == 10
+    assert card.training["steps"] > 0 and card.training["threads"] == 1
+    v = card.validation
+    assert v["chosen"] == ("int8" if card.quantized else "fp32")
+    for name in ("fused_order", "fp32", "int8"):
+        assert set(v[name]) == {"recall@5", "recall@10", "ndcg@10", "mrr@10"}
+        assert all(0.0 <= x <= 1.0 for x in v[name].values()), (name, v[name])
+    assert 0.0 <= v["kept_set"]["f1"] <= 1.0
+    hist = card.calibration["histogram"]
+    n_cands = sum(sum(hist[k]) for k in ("top_evidence", "top_other", "rest_evidence", "rest_other"))
+    assert n_cands > 10 * 5  # ten questions' fused lists
+
+
+def test_get_reranker_loads_and_scores(lib: Settings, trained: ModelCard) -> None:
+    reranker = get_reranker(lib.model_copy(update={"rerank": lib.rerank.model_copy(update={"threads": 1})}))
+    assert isinstance(reranker, OnnxReranker)
+    assert reranker.name == f"trained:{trained.model_id}" and reranker.bars == trained.bars
+    scores = reranker.score(
+        "In the paper 'X': which datasets do they use?",
+        ["Experiments: We evaluate on SQuAD and TriviaQA.", "Acknowledgements: We thank the reviewers.", ""],
+    )
+    assert scores.shape == (3,) and scores.dtype == np.float32 and np.isfinite(scores).all()
+    assert reranker.score("q", []).shape == (0,)
+    # A question longer than the pair allows still leaves the passage room, and still scores.
+    assert np.isfinite(reranker.score("why " * 500, ["a passage"])).all()
+
+
+def test_a_tampered_model_is_refused(lib: Settings, trained: ModelCard, tmp_path: Path) -> None:
+    copy = tmp_path / "reranker"
+    shutil.copytree(lib.reranker_dir, copy)
+    OnnxReranker(copy, threads=1)  # the intact copy loads
+    with (copy / MODEL_FILE).open("ab") as fh:
+        fh.write(b"\0")
+    with pytest.raises(ModelError, match="sha256"):
+        OnnxReranker(copy, threads=1)
+    with pytest.raises(ModelError, match="sha256"):
+        get_reranker(get_settings(rerank={"provider": "trained", "path": str(copy), "threads": 1}))
+
+
+def test_training_again_gives_the_same_model(
+    lib: Settings, trained: ModelCard, questions: tuple[Path, Path], tmp_path: Path
+) -> None:
+    # Same data dir: the mined questions and candidates come from the cache; only the output differs.
+    other = lib.model_copy(update={"rerank": lib.rerank.model_copy(update={"path": tmp_path / "again"})})
+    train, val = questions
+    again = train_reranker(other, CFG, train_path=train, val_path=val, train_limit=30, val_limit=10)
+    assert again.training["final_loss"] == trained.training["final_loss"]
+    assert again.validation["fp32"] == trained.validation["fp32"]
+    assert again.onnx_sha256 == trained.onnx_sha256
+    assert again.bars == trained.bars
+
+
+def test_train_cli_installs_then_declines_to_retrain(
+    lib: Settings, questions: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "cli-reranker"
+    monkeypatch.setenv("ARAG_DATA_DIR", str(lib.data_dir))
+    monkeypatch.setenv("ARAG_EMBEDDING__PROVIDER", "hash")
+    monkeypatch.setenv("ARAG_RERANK__PATH", str(target))
+    train, val = questions
+    args = ["train", "reranker", "--train", str(train), "--validation", str(val), "--layers", "1"]
+    args += ["--max-length", "96", "--train-limit", "20", "--val-limit", "8"]
+    runner = CliRunner()
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "QASPER validation" in res.output and "fused_order" in res.output
+    assert "installed" in res.output
+    card = ModelCard.model_validate_json((target / CARD_FILE).read_text())
+    assert card.data["train_questions"] == 20 and card.data["validation_questions"] == 8
+    stamp = (target / MODEL_FILE).stat().st_mtime_ns
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert "a trained reranker is installed" in again.output and "--force" in again.output
+    assert "QASPER validation" not in again.output
+    assert (target / MODEL_FILE).stat().st_mtime_ns == stamp
