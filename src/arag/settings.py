@@ -122,6 +122,26 @@ class RerankSettings(BaseModel):
     canonical_manifest: Path | None = None
 
 
+class LLMSettings(BaseModel):
+    """The language model that plans, grades and writes answers."""
+
+    # llama-cpp: a local GGUF (default, offline); openai: any OpenAI-compatible endpoint;
+    # extractive: no LLM, answers are the best-supported sentences of the kept passages.
+    provider: Literal["llama-cpp", "openai", "extractive"] = "llama-cpp"
+    # llama-cpp: a packaged model name (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b) or a .gguf path;
+    # openai: the model name the endpoint knows.
+    model: str = "qwen2.5-coder-1.5b"
+    base_url: str | None = None
+    # The name of the environment variable that holds the API key (never the key itself).
+    api_key_env: str = "OPENAI_API_KEY"
+    context_tokens: int = 4096
+    max_answer_tokens: int = 320
+    threads: int = 2
+    temperature: float = 0.0
+    seed: int = 0
+    timeout_s: float = 120.0
+
+
 class TopicSettings(BaseModel):
     """Topic clustering of abstract vectors."""
 
@@ -160,6 +180,7 @@ class Settings(BaseSettings):
     topics: TopicSettings = Field(default_factory=TopicSettings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     rerank: RerankSettings = Field(default_factory=RerankSettings)
+    llm: LLMSettings = Field(default_factory=LLMSettings)
     arxiv: ArxivSettings = Field(default_factory=ArxivSettings)
 
     @field_validator("data_dir")
@@ -198,6 +219,10 @@ class Settings(BaseSettings):
     @property
     def embedding_cache_db(self) -> Path:
         return self.cache_dir / "embeddings.sqlite3"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
 
     @property
     def reranker_dir(self) -> Path:
