@@ -3,6 +3,9 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# llama-cpp-python compiles llama.cpp (~12 min on 2 cores): its wheel is built once and kept here.
+WHEELS ?= $(or $(ARAG_DATA_DIR),$(HOME)/.local/share/arag)/wheels
+LLAMA_CPP := llama-cpp-python==0.3.36
 # Two cores: cap native thread pools so ONNX Runtime / BLAS / torch never oversubscribe.
 export OMP_NUM_THREADS ?= 2
 export OPENBLAS_NUM_THREADS ?= 2
@@ -19,7 +22,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip==25.3
 	# torch first and pinned: the CPU build lies on local disk; unpinned torch pulls CUDA (GBs).
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[torch,dev]'
+	test -n "$$(ls $(WHEELS)/llama_cpp_python-0.3.36-*.whl 2>/dev/null)" || \
+		CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/pip wheel --quiet --no-deps -w $(WHEELS) $(LLAMA_CPP)
+	$(BIN)/pip install --quiet --find-links $(WHEELS) -e '.[torch,dev,llm]'
 	touch $(STAMP)
 
 # Until the answering service lands, serving = the library, kept up to date, the reranker trained

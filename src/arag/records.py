@@ -145,3 +145,87 @@ class RankedChunk(ScoredChunk):
     rerank_score: float | None = Field(default=None, description="the model's raw score; None: no reranker")
     floored: bool = Field(default=False, description="raised to the lower bar: a canonical paper's chunk")
     found_by: list[str] = Field(default_factory=list, description="abstracts, passages, bm25")
+
+
+# --- the answering agent's records ---------------------------------------------------------------
+
+Route = Literal["research", "direct", "about"]
+# yes_no: "Do they use X?"; span: a name, number or phrase found in a paper; free_form: an explanation.
+AnswerType = Literal["yes_no", "span", "free_form"]
+# How the answer was written: by the LLM, extractively (no LLM), directly (greetings, arithmetic),
+# from arag's own description, or an abstention.
+AnswerMode = Literal["llm", "extractive", "direct", "about", "abstain"]
+
+
+class NodeEvent(BaseModel):
+    """One agent step: which node ran, how long it took, what it decided, and counts."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node: str
+    ms: float
+    decision: str
+    counts: dict[str, float] = Field(default_factory=dict)
+
+
+class Citation(BaseModel):
+    """A [n] marker of an answer and the chunk it points at, with the verifier's support score."""
+
+    model_config = ConfigDict(frozen=True)
+
+    n: int
+    chunk_id: str
+    paper_id: str
+    title: str
+    section: str | None = None
+    support: float = Field(description="the support scorer's score of the claims citing it, in [0, 1]")
+    supported: bool
+
+
+class PaperHit(BaseModel):
+    """A paper near a question (shown when the agent abstains)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    paper_id: str
+    title: str
+    score: float
+
+
+class UsedChunk(BaseModel):
+    """A chunk the agent retrieved: its context number (None: not put in the context), its score and
+    the sub-query that found it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    n: int | None
+    chunk_id: str
+    paper_id: str
+    title: str
+    section: str | None = None
+    score: float
+    query: str
+    pass_index: int = Field(description="0: the first retrieval pass, 1: the retry")
+
+
+class Answer(BaseModel):
+    """What the agent answers: a short answer above the explanation, its citations, and the trace."""
+
+    question: str
+    short_answer: str = Field(description="a phrase, a number, Yes/No, or 'not in the library'")
+    text: str
+    citations: list[Citation] = Field(default_factory=list)
+    abstained: bool = False
+    route: Route
+    answer_type: AnswerType | None = None
+    mode: AnswerMode
+    sub_queries: list[str] = Field(default_factory=list, description="every query searched, in order")
+    retries: int = 0
+    chunks: list[UsedChunk] = Field(default_factory=list)
+    closest: list[PaperHit] = Field(default_factory=list)
+    missing: list[str] = Field(default_factory=list, description="what the library's passages lacked")
+    removed_citations: int = Field(default=0, description="[k] markers that matched no passage")
+    dropped_claims: int = 0
+    timings: dict[str, float] = Field(default_factory=dict, description="ms per node (summed over runs)")
+    events: list[NodeEvent] = Field(default_factory=list)
+    total_ms: float = 0.0

@@ -140,6 +140,11 @@ class LLMSettings(BaseModel):
     temperature: float = 0.0
     seed: int = 0
     timeout_s: float = 120.0
+    # llama-cpp: layers offloaded to a GPU (0: CPU only; -1: all), when llama.cpp was built with one.
+    gpu_layers: int = 0
+    # openai: retries on 429/5xx and dropped connections, with doubling backoff from backoff_s.
+    retries: int = 2
+    backoff_s: float = 1.0
 
 
 class TopicSettings(BaseModel):
@@ -159,6 +164,42 @@ class ArxivSettings(BaseModel):
     retries: int = 4
     backoff_s: float = 2.0
     timeout_s: float = 30.0
+
+
+class AgentSettings(BaseModel):
+    """The answering agent: planning, grading, the retry, the context budget and verification."""
+
+    # Sub-queries of a compound question, and retrieval passes after the first (at most one retry).
+    max_sub_queries: int = 3
+    max_retries: int = 1
+    # Ask the LLM to decompose questions that look compound (rules otherwise, and on bad JSON).
+    plan_with_llm: bool = True
+    reformulate_with_llm: bool = True
+    # LLM checks (the grader's sufficiency check, the LLM-judge verifier): auto = only with a hosted
+    # (openai) model; a 1.5B local model is too unreliable a judge to be worth its latency.
+    llm_checks: Literal["auto", "on", "off"] = "auto"
+    # Claim support: lexical (content-word overlap baseline), llm-judge, or auto (judge with LLM checks).
+    support: Literal["auto", "lexical", "llm-judge"] = "auto"
+    support_threshold: float = 0.5
+    # Share of the question's key terms the kept passages must hold: below min_coverage the context
+    # is partial, below unrelated_coverage the question is off the library's topics.
+    min_coverage: float = 0.6
+    unrelated_coverage: float = 0.3
+    # Context: at most this many passages, pruned to the sentences that bear on the question (plus
+    # this many following sentences), capped in the LLM's own tokens.
+    max_passages: int = 8
+    context_tokens: int = 1500
+    neighbour_sentences: int = 1
+    # Room kept for the prompt's instructions around the passages.
+    prompt_reserve_tokens: int = 400
+    extractive_sentences: int = 3
+    # Unsupported claims are dropped, or kept and marked.
+    unsupported: Literal["drop", "mark"] = "drop"
+    # When the LLM says "not in the library" but the grader found the context sufficient, answer
+    # extractively instead (a small model's false abstentions cost as much as retrieval misses).
+    override_false_abstain: bool = True
+    closest_papers: int = 3
+    concurrent: bool = True
 
 
 class Settings(BaseSettings):
@@ -182,6 +223,7 @@ class Settings(BaseSettings):
     rerank: RerankSettings = Field(default_factory=RerankSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     arxiv: ArxivSettings = Field(default_factory=ArxivSettings)
+    agent: AgentSettings = Field(default_factory=AgentSettings)
 
     @field_validator("data_dir")
     @classmethod

@@ -1,0 +1,201 @@
+"""The agent's graph, built and compiled once per ``Agent`` and reused for every question.
+
+    START -> router -> direct | about -> END
+                    -> planner -> retriever -> grader -> context -> synthesizer -> verifier -> END
+                                      ^          |
+                                      +- reformulator (at most one retry)
+
+Each node is a closure over ``AgentDeps``, wrapped so that it times itself and emits a ``NodeEvent``
+(node, ms, decision, counts) into the state's event list; ``Agent.stream`` yields those events as the
+nodes finish, then the ``Answer``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from langgraph.graph import END, START, StateGraph
+
+from arag.agent.context import make_context
+from arag.agent.deps import AgentDeps, SearchBackend
+from arag.agent.grader import make_grade_edge, make_grader
+from arag.agent.planner import make_planner
+from arag.agent.reformulator import make_reformulate_edge, make_reformulator
+from arag.agent.retrieve import make_retriever
+from arag.agent.router import make_about, make_direct, make_router, route_edge
+from arag.agent.state import AgentState, Step
+from arag.agent.support import LexicalSupport, LLMJudgeSupport, SupportScorer
+from arag.agent.synthesizer import make_synthesizer
+from arag.agent.verifier import make_verifier
+from arag.errors import InputError
+from arag.llm.base import LLM
+from arag.records import Answer, NodeEvent, SearchFilter
+from arag.settings import Settings
+
+NODES = (
+    "router",
+    "direct",
+    "about",
+    "planner",
+    "retriever",
+    "grader",
+    "reformulator",
+    "context",
+    "synthesizer",
+    "verifier",
+)
+# Enough for the longest path (10 steps with the retry), with room to spare.
+RECURSION_LIMIT = 40
+MAX_QUESTION_CHARS = 2000
+
+
+def timed(name: str, fn: Callable[[AgentState], Step], deps: AgentDeps) -> Callable[..., Any]:
+    """A node function: runs ``fn``, and adds its event (with the time it took) to the update."""
+
+    def node(state: AgentState) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        step = fn(state)
+        event = NodeEvent(
+            node=name,
+            ms=round(1000 * (time.perf_counter() - t0), 2),
+            decision=step.decision,
+            counts=dict(step.counts),
+        )
+        if deps.on_event is not None:
+            deps.on_event(event)
+        return {**step.update, "events": [event]}
+
+    return node
+
+
+def build_graph(deps: AgentDeps):
+    """The compiled graph over ``deps``."""
+    makers = {
+        "router": make_router,
+        "direct": make_direct,
+        "about": make_about,
+        "planner": make_planner,
+        "retriever": make_retriever,
+        "grader": make_grader,
+        "reformulator": make_reformulator,
+        "context": make_context,
+        "synthesizer": make_synthesizer,
+        "verifier": make_verifier,
+    }
+    g = StateGraph(AgentState)
+    for name in NODES:
+        g.add_node(name, timed(name, makers[name](deps), deps))
+    g.add_edge(START, "router")
+    g.add_conditional_edges("router", route_edge, ["planner", "direct", "about"])
+    g.add_edge("direct", END)
+    g.add_edge("about", END)
+    g.add_edge("planner", "retriever")
+    g.add_edge("retriever", "grader")
+    g.add_conditional_edges("grader", make_grade_edge(deps.settings.max_retries), ["reformulator", "context"])
+    g.add_conditional_edges("reformulator", make_reformulate_edge(), ["retriever", "context"])
+    g.add_edge("context", "synthesizer")
+    g.add_edge("synthesizer", "verifier")
+    g.add_edge("verifier", END)
+    return g.compile()
+
+
+class Agent:
+    """Answers questions over the library. Thread-safe: the compiled graph is shared, the state is
+    per question."""
+
+    def __init__(self, deps: AgentDeps) -> None:
+        self.deps = deps
+        self.graph = build_graph(deps)
+
+    def stream(self, question: str, flt: SearchFilter | None = None) -> Iterator[NodeEvent | Answer]:
+        """Each node's event as the node finishes, then the answer (last)."""
+        question = validate_question(question)
+        t0 = time.perf_counter()
+        init: AgentState = {"question": question, "flt": flt}
+        events: list[NodeEvent] = []
+        final: dict[str, Any] = {}
+        for mode, chunk in self.graph.stream(
+            init, stream_mode=["updates", "values"], config={"recursion_limit": RECURSION_LIMIT}
+        ):
+            if mode == "updates":
+                for update in chunk.values():
+                    for event in (update or {}).get("events", []):
+                        events.append(event)
+                        yield event
+            else:
+                final = chunk
+        answer: Answer = final["answer"]
+        timings: dict[str, float] = {}
+        for e in events:
+            timings[e.node] = round(timings.get(e.node, 0.0) + e.ms, 2)
+        yield answer.model_copy(
+            update={
+                "events": events,
+                "timings": timings,
+                "total_ms": round(1000 * (time.perf_counter() - t0), 2),
+            }
+        )
+
+    def run(
+        self,
+        question: str,
+        flt: SearchFilter | None = None,
+        on_event: Callable[[NodeEvent], None] | None = None,
+    ) -> Answer:
+        """Answer one question; ``on_event`` sees each node's event as it happens."""
+        for item in self.stream(question, flt):
+            if isinstance(item, Answer):
+                return item
+            if on_event is not None:
+                on_event(item)
+        raise AssertionError("the agent's graph ended without an answer")
+
+
+def validate_question(question: str) -> str:
+    """The question stripped; an InputError when it is empty or far too long."""
+    q = (question or "").strip()
+    if not q:
+        raise InputError("the question is empty", where="question", fix="ask a question")
+    if len(q) > MAX_QUESTION_CHARS:
+        raise InputError(
+            f"the question is {len(q)} characters long (at most {MAX_QUESTION_CHARS})",
+            where="question",
+            fix="shorten the question",
+        )
+    return q
+
+
+def make_support(settings: Settings, llm: LLM | None, llm_checks: bool) -> SupportScorer:
+    """The configured claim-support scorer."""
+    a = settings.agent
+    if llm is not None and (a.support == "llm-judge" or (a.support == "auto" and llm_checks)):
+        return LLMJudgeSupport(llm)
+    return LexicalSupport(a.support_threshold)
+
+
+def build_agent(
+    settings: Settings,
+    retriever: SearchBackend,
+    llm: LLM | None = None,
+    *,
+    support: SupportScorer | None = None,
+    on_event: Callable[[NodeEvent], None] | None = None,
+) -> Agent:
+    """An agent over an open retriever. ``llm`` None answers extractively (the ``extractive``
+    provider); LLM checks (grader, judge) are on for a hosted model unless the settings say otherwise."""
+    a = settings.agent
+    llm_checks = llm is not None and (
+        a.llm_checks == "on" or (a.llm_checks == "auto" and settings.llm.provider == "openai")
+    )
+    deps = AgentDeps(
+        retriever=retriever,
+        llm=llm,
+        support=support or make_support(settings, llm, llm_checks),
+        settings=a,
+        max_answer_tokens=settings.llm.max_answer_tokens,
+        llm_checks=llm_checks,
+        on_event=on_event,
+    )
+    return Agent(deps)

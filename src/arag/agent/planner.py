@@ -1,0 +1,193 @@
+"""The planner: a simple question is searched as asked; a compound one ("compare X and Y", "how does A
+work and where does it fail", several questions in one) becomes 2-3 self-contained sub-queries.
+Rules always work; with an LLM, a question that looks compound is decomposed by structured output
+(JSON), falling back to the rules on a bad reply. The planner also fixes the answer type."""
+
+from __future__ import annotations
+
+import re
+
+from arag.agent import prompts
+from arag.agent.answer_type import LEAD, detect_answer_type
+from arag.agent.deps import AgentDeps, ask_json
+from arag.agent.state import AgentState, Step
+from arag.agent.terms import content_words, key_terms
+
+_COMPARE = (
+    # compare X and/with/to Y [on Z]
+    re.compile(
+        r"^(?:please\s+)?(?:compare|contrast)\s+(?P<x>.+?)\s+(?:and|with|to|vs\.?|versus)\s+(?P<y>.+?)"
+        r"(?:\s+(?P<aspect>(?:on|in\s+terms\s+of|regarding|for|with\s+respect\s+to|by)\s+.+?))?\s*[?.!]*$",
+        re.I,
+    ),
+    # what is the difference between X and Y [in Z]
+    re.compile(
+        r"^(?:what(?:'s|\s+is|\s+are)\s+)?(?:the\s+)?differences?\s+between\s+(?P<x>.+?)\s+and\s+(?P<y>.+?)"
+        r"(?:\s+(?P<aspect>(?:on|in\s+terms\s+of|regarding|for|with\s+respect\s+to)\s+.+?))?\s*[?.!]*$",
+        re.I,
+    ),
+    # how does X compare to/with Y [on Z]
+    re.compile(
+        r"^how\s+(?:does|do|did)\s+(?P<x>.+?)\s+compare\s+(?:to|with|against)\s+(?P<y>.+?)"
+        r"(?:\s+(?P<aspect>(?:on|in\s+terms\s+of|regarding|for)\s+.+?))?\s*[?.!]*$",
+        re.I,
+    ),
+    # X vs Y
+    re.compile(r"^(?P<x>.+?)\s+(?:vs\.?|versus)\s+(?P<y>.+?)\s*[?.!]*$", re.I),
+)
+_WH = r"(?:how|where|what|why|when|which|who|does|do|did|is|are|was|were|can|could|should|would)"
+# "..., and where does it fail" / "... but why ..." / "...; what ..."
+_CLAUSE_SPLIT = re.compile(rf"\s*(?:,?\s+(?:and|but|while|also)\s+|;\s*)(?={_WH}\b)", re.I)
+_SENTENCE_SPLIT = re.compile(r"(?<=\?)\s+|(?<=[.!])\s+(?=[A-Z])")
+# "how does <subject> work" -> the subject, to stand in for "it" in the next clause.
+_SUBJECT = re.compile(
+    r"^(?:how|what|why|where|when|which)\s+(?:does|do|did|is|are|was|were|can|could|would|should)\s+"
+    r"(?P<subj>.+?)\s+(?:work|works|fail|fails|perform|performs|compare|differ|behave|happen|learn|scale|"
+    r"improve|help|matter|succeed|function|operate|generalize|generalise|converge|break)"
+    r"(?:\s+(?:on|in|with|for|at|to))?\s*[?.!]*$",
+    re.I,
+)
+_PRONOUN = re.compile(r"\b(?:it|they|them|this|these|those)\b", re.I)
+_POSSESSIVE = re.compile(r"\b(?:its|their)\b", re.I)
+_COMPOUND_CUES = re.compile(
+    r"\b(?:and|vs\.?|versus|compare[sd]?|contrast|differences?|both|while|but)\b|;", re.I
+)
+
+
+def split_lead(question: str) -> tuple[str, str]:
+    """("In the paper 'T': ", rest) when the question names its paper up front, else ("", question):
+    each sub-query keeps the lead so it is searched inside that paper."""
+    m = LEAD.match(question)
+    if m is None:
+        return "", question.strip()
+    return m.group(0), question[m.end() :].strip()
+
+
+def looks_compound(question: str) -> bool:
+    """Cheap test for whether decomposition could help (the LLM is asked only then)."""
+    _, body = split_lead(question)
+    return body.count("?") > 1 or _COMPOUND_CUES.search(body) is not None
+
+
+def _subject(clause: str) -> str | None:
+    m = _SUBJECT.match(clause.strip())
+    return m.group("subj") if m else None
+
+
+def _resolve_pronouns(parts: list[str]) -> list[str]:
+    """Later clauses name the first clause's subject instead of "it" / "they" (a search cannot
+    resolve a pronoun)."""
+    subj = _subject(parts[0])
+    out = [parts[0]]
+    for part in parts[1:]:
+        if subj and _PRONOUN.search(part):
+            part = _PRONOUN.sub(subj, part, count=1)
+        elif subj and _POSSESSIVE.search(part):
+            part = _POSSESSIVE.sub(f"{subj}'s", part, count=1)
+        elif not subj and (_PRONOUN.search(part) or _POSSESSIVE.search(part)):
+            # No subject pattern: carry the first clause's content words instead.
+            extra = [w for w in content_words(parts[0]) if w.lower() not in part.lower()]
+            part = f"{part.rstrip('?.! ')} ({' '.join(extra[:4])})" if extra else part
+        out.append(part)
+    return out
+
+
+def _compare_parts(body: str) -> list[str] | None:
+    for pattern in _COMPARE:
+        m = pattern.match(body)
+        if m is None:
+            continue
+        aspect = (m.groupdict().get("aspect") or "").strip()
+        x, y = m.group("x").strip(" ,"), m.group("y").strip(" ,")
+        # "dense and sparse retrieval": the modifiers share the head noun.
+        if len(x.split()) == 1 and len(y.split()) > 1:
+            x = " ".join([x, *y.split()[1:]])
+        if not key_terms(x) or not key_terms(y):
+            continue
+        return [f"{x} {aspect}".strip(), f"{y} {aspect}".strip()]
+    return None
+
+
+def _clean(part: str) -> str:
+    return part.strip().strip(",;").strip()
+
+
+def plan_rules(question: str, max_sub_queries: int = 3) -> list[str]:
+    """The sub-queries of a question by rule: [question] when it is simple (a pure function)."""
+    lead, body = split_lead(question)
+    parts = [_clean(p) for p in _SENTENCE_SPLIT.split(body) if _clean(p)]
+    # Only sentences that ask something count as questions of their own ("We know X. Do they Y?").
+    asked = [p for p in parts if p.endswith("?")]
+    if len(asked) > 1:
+        parts = asked
+    elif len(parts) > 1:
+        parts = [body]
+    if len(parts) == 1:
+        parts = _compare_parts(body) or [_clean(p) for p in _CLAUSE_SPLIT.split(body) if _clean(p)]
+        if len(parts) > 1 and _compare_parts(body) is None:
+            parts = _resolve_pronouns(parts)
+    parts = [p for p in parts if key_terms(p)]
+    parts = list(dict.fromkeys(parts))[:max_sub_queries]
+    if len(parts) < 2:
+        return [question.strip()]
+    return [f"{lead}{p}" for p in parts]
+
+
+def validate_llm_plan(
+    question: str, reply: dict[str, object] | None, max_sub_queries: int = 3
+) -> list[str] | None:
+    """The LLM's sub-queries when its reply is usable, else None. A paper named up front is carried into
+    every sub-query that does not name it."""
+    if reply is None or reply.get("kind") not in ("simple", "compound"):
+        return None
+    if reply["kind"] == "simple":
+        return [question.strip()]
+    subs = reply.get("sub_queries")
+    if not isinstance(subs, list):
+        return None
+    clean = [s.strip() for s in subs if isinstance(s, str) and s.strip() and len(s) <= 300 and key_terms(s)]
+    clean = list(dict.fromkeys(clean))[:max_sub_queries]
+    if len(clean) < 2:
+        return None
+    lead, _ = split_lead(question)
+    if lead:
+        clean = [s if lead.strip(" :,;").lower() in s.lower() else f"{lead}{s}" for s in clean]
+    return clean
+
+
+def make_planner(deps: AgentDeps):
+    """The planner node."""
+    settings = deps.settings
+
+    def planner(state: AgentState) -> Step:
+        question = state["question"]
+        answer_type = detect_answer_type(question)
+        how = "rules"
+        subs = plan_rules(question, settings.max_sub_queries)
+        if deps.llm is not None and settings.plan_with_llm and looks_compound(question):
+            reply = ask_json(
+                deps.llm,
+                prompts.PLANNER_SYSTEM,
+                prompts.PLANNER_USER.format(question=question),
+                prompts.PLANNER_SCHEMA,
+                max_tokens=160,
+            )
+            got = validate_llm_plan(question, reply, settings.max_sub_queries)
+            if got is not None:
+                subs, how = got, "LLM"
+            else:
+                how = "rules (LLM reply unusable)"
+        kind = "compound" if len(subs) > 1 else "simple"
+        update = {
+            "answer_type": answer_type,
+            "plan": subs,
+            "pending": subs,
+            "pending_targets": subs,
+            "passes": 0,
+            "retries": 0,
+        }
+        noun = "sub-queries" if len(subs) > 1 else "sub-query"
+        decision = f"{kind}: {len(subs)} {noun} ({how}); answer type {answer_type}"
+        return Step(update, decision, {"sub_queries": len(subs)})
+
+    return planner

@@ -1,0 +1,111 @@
+"""Every prompt the agent sends, as constants. Short and literal: the default model has 1.5B parameters,
+and every token of a prompt is prefill time on a CPU. Each system prompt starts differently so a
+scripted test LLM can tell them apart."""
+
+from __future__ import annotations
+
+ROUTER_SYSTEM = (
+    "You classify a message sent to a research assistant over a library of NLP papers. "
+    'Reply with JSON: {"route": "research"} for a question about research, papers, models, datasets '
+    'or methods; {"route": "direct"} for greetings, small talk or arithmetic; {"route": "about"} for '
+    "questions about the assistant itself."
+)
+ROUTER_USER = "Message: {question}"
+ROUTER_SCHEMA = {
+    "type": "object",
+    "properties": {"route": {"type": "string", "enum": ["research", "direct", "about"]}},
+    "required": ["route"],
+}
+
+DIRECT_SYSTEM = (
+    "You are arag, a research assistant over a library of NLP papers. Reply to small talk in one or two "
+    "friendly sentences, and invite a research question. Do not make up facts about papers."
+)
+
+ABOUT_SYSTEM = (
+    "You explain arag, the research assistant you are, using only the description below. Answer in "
+    "three to five sentences.\n\nDescription:\n{description}"
+)
+
+PLANNER_SYSTEM = (
+    "You split a research question into search queries. If it asks one thing, reply "
+    '{"kind": "simple", "sub_queries": []}. If it asks several things (a comparison, two questions), '
+    'reply {"kind": "compound", "sub_queries": [...]} with 2 or 3 self-contained search queries, each '
+    "naming its subject (no pronouns)."
+)
+PLANNER_USER = "Question: {question}"
+PLANNER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "kind": {"type": "string", "enum": ["simple", "compound"]},
+        "sub_queries": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+    },
+    "required": ["kind", "sub_queries"],
+}
+
+GRADER_SYSTEM = (
+    "You check whether numbered passages contain what is needed to answer a question. Reply with JSON: "
+    '{"sufficient": true} or {"sufficient": false, "missing": "<what is missing, in a few words>"}.'
+)
+GRADER_USER = "Passages:\n{passages}\n\nQuestion: {question}"
+GRADER_SCHEMA = {
+    "type": "object",
+    "properties": {"sufficient": {"type": "boolean"}, "missing": {"type": "string"}},
+    "required": ["sufficient"],
+}
+
+REFORMULATOR_SYSTEM = (
+    "You write search queries for a library of NLP papers. Earlier searches missed part of a question. "
+    'Reply with JSON {"queries": [...]}: one or two short keyword queries aimed at what is missing.'
+)
+REFORMULATOR_USER = "Question: {question}\nAlready searched: {searched}\nMissing: {missing}"
+REFORMULATOR_SCHEMA = {
+    "type": "object",
+    "properties": {"queries": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+    "required": ["queries"],
+}
+
+SYNTH_SYSTEM = (
+    "You answer questions about research papers using only the numbered passages given. Cite the "
+    "passage number in brackets after each sentence, like [1] or [2]. Never cite a number that is not "
+    "a passage. If the passages do not contain the answer, the short answer is: not in the library."
+)
+SYNTH_USER = (
+    "Passages:\n{passages}\n\nQuestion: {question}\n\n{instruction}\n"
+    "Write exactly two lines:\n"
+    "Short answer: <{short_form}>\n"
+    "Explanation: <one to three sentences, each ending with its passage number in brackets>"
+)
+# The short-answer instruction for each answer type.
+SYNTH_INSTRUCTIONS = {
+    "yes_no": "This is a yes/no question: the short answer is exactly Yes or No.",
+    "span": (
+        "The short answer is the exact words from a passage that answer the question: a name, a number "
+        "or a short phrase. Never a citation placeholder such as BIBREF0."
+    ),
+    "free_form": "The short answer is one short phrase that sums up the answer.",
+}
+SYNTH_SHORT_FORMS = {
+    "yes_no": "Yes or No",
+    "span": "the exact words from a passage",
+    "free_form": "a short phrase",
+}
+
+JUDGE_SYSTEM = "You check claims against a passage. Answer with one word: yes or no."
+JUDGE_USER = "Passage: {passage}\n\nClaim: {claim}\n\nDoes the passage support the claim?"
+
+# Fixed replies of the direct route (no LLM needed).
+GREETING_REPLY = (
+    "Hello! I'm arag, a research assistant over a library of NLP papers. Ask me a research question "
+    "and I'll answer from the papers, with citations."
+)
+THANKS_REPLY = "You're welcome. Ask me anything about the papers in the library."
+FAREWELL_REPLY = "Goodbye!"
+SMALL_TALK_REPLY = (
+    "I'm arag, a research assistant over a library of NLP papers: I answer research questions from "
+    "the papers, with citations. Try asking what a paper proposes, which datasets it uses, or how two "
+    "methods compare."
+)
+
+ABSTAIN = "I don't have enough information in the library to answer this."
+NOT_IN_LIBRARY = "not in the library"

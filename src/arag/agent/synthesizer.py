@@ -1,0 +1,216 @@
+"""The synthesizer: a short answer above an explanation with [n] citations, from the numbered context.
+With an LLM, the prompt is shaped by the answer type and the reply is checked: markers that name no
+passage are removed (and counted), the short answer is normalised (Yes/No, no placeholders, "not in
+the library"). Without one, or when the LLM fails, the answer is extractive: the best-supported
+sentences of the top passages. An unrelated question, or no context, gets an abstention."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from arag.agent import prompts
+from arag.agent.answer_type import (
+    extractive_yes_no,
+    normalize_short_answer,
+    strip_lead,
+    yes_no_of,
+)
+from arag.agent.context import format_passages
+from arag.agent.deps import AgentDeps, ask
+from arag.agent.state import AgentState, ContextPassage, Draft, Grade, Step
+from arag.agent.terms import clean_citations, key_terms, sentences, strip_placeholders
+from arag.errors import AragError
+from arag.index.sparse import tokenize
+from arag.records import AnswerType
+
+log = logging.getLogger(__name__)
+
+# Extractive sentences taken from one passage at most (spread the answer over the evidence).
+PER_PASSAGE = 2
+# A short answer cut from a sentence: at most this many words.
+SHORT_WORDS = 12
+_MIN_WORDS, _MAX_WORDS = 4, 80
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)?%?")
+_LABEL_SHORT = re.compile(r"^\W*short\s+answer\W*\s*[:\-–]\s*(?P<v>.*)$", re.I | re.M)
+_LABEL_EXPL = re.compile(r"^\W*explanation\W*\s*[:\-–]\s*", re.I | re.M)
+
+
+def with_marker(sentence: str, n: int) -> str:
+    """``sentence`` with a [n] marker before its final punctuation."""
+    s = sentence.rstrip()
+    if s and s[-1] in ".!?":
+        return f"{s[:-1].rstrip()} [{n}]{s[-1]}"
+    return f"{s} [{n}]."
+
+
+def clip(sentence: str, words: int = SHORT_WORDS) -> str:
+    parts = sentence.split()
+    text = " ".join(parts[:words])
+    return text.rstrip(".,;:") + ("…" if len(parts) > words else "")
+
+
+def extractive_draft(question: str, answer_type: AnswerType, passages: list[ContextPassage], k: int) -> Draft:
+    """The ``k`` sentences of the context that hold most of the question's key terms, each cited."""
+    terms = key_terms(strip_lead(question))
+    scored: list[tuple[float, int, int, str]] = []
+    for p in passages:
+        for j, s in enumerate(sentences(strip_placeholders(p.chunk.text))):
+            if not _MIN_WORDS <= len(s.split()) <= _MAX_WORDS:
+                continue
+            have = set(tokenize(s))
+            share = sum(t in have for t in terms) / len(terms) if terms else 0.0
+            if share > 0:
+                scored.append((share, p.n, j, s))
+    scored.sort(key=lambda x: (-x[0], x[1], x[2]))
+    picked: list[tuple[int, str]] = []
+    per: dict[int, int] = {}
+    for _, n, _, s in scored:
+        if per.get(n, 0) >= PER_PASSAGE:
+            continue
+        per[n] = per.get(n, 0) + 1
+        picked.append((n, s))
+        if len(picked) >= k:
+            break
+    if not picked:
+        return abstain_draft("no sentence of the passages holds the question's terms")
+    best = picked[0][1]
+    if answer_type == "yes_no":
+        short = extractive_yes_no(best)
+    elif answer_type == "span" and re.match(r"^\s*how\s+(?:many|much)\b", strip_lead(question), re.I):
+        num = _NUMBER.search(best)
+        short = num.group(0) if num else clip(best)
+    else:
+        short = clip(best)
+    explanation = " ".join(with_marker(s, n) for n, s in picked)
+    return Draft(short_answer=short, explanation=explanation, mode="extractive")
+
+
+def abstain_draft(note: str) -> Draft:
+    return Draft(short_answer=prompts.NOT_IN_LIBRARY, explanation="", mode="abstain", notes=[note])
+
+
+def parse_reply(text: str) -> tuple[str, str]:
+    """(short answer, explanation) from "Short answer: ... / Explanation: ..." (labels optional)."""
+    text = text.strip()
+    m = _LABEL_SHORT.search(text)
+    if m is not None:
+        short = m.group("v").strip()
+        rest = text[m.end() :]
+        e = _LABEL_EXPL.search(rest)
+        explanation = rest[e.end() :] if e else rest
+        if not short and explanation.strip():
+            # "Short answer:" alone on its line, the value on the next.
+            lines = explanation.strip().splitlines()
+            short, explanation = lines[0], "\n".join(lines[1:])
+            e = _LABEL_EXPL.search(explanation)
+            explanation = explanation[e.end() :] if e else explanation
+        return short, " ".join(explanation.split())
+    e = _LABEL_EXPL.search(text)
+    if e is not None:
+        return "", " ".join(text[e.end() :].split())
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if len(lines) > 1 and len(lines[0].split()) <= 15:
+        return lines[0], " ".join(" ".join(lines[1:]).split())
+    return "", " ".join(text.split())
+
+
+def check_llm_draft(
+    raw: str,
+    question: str,
+    answer_type: AnswerType,
+    passages: list[ContextPassage],
+    grade: Grade,
+    *,
+    override_false_abstain: bool,
+    extractive_k: int,
+) -> Draft:
+    """The LLM's reply made safe: valid citations only, a normalised short answer of the right type
+    (a pure function of the reply)."""
+    short_raw, explanation = parse_reply(raw)
+    explanation, removed = clean_citations(strip_placeholders(explanation), range(1, len(passages) + 1))
+    explanation = " ".join(explanation.split())
+    short = normalize_short_answer(short_raw, answer_type)
+    notes: list[str] = []
+    if short == prompts.NOT_IN_LIBRARY or (not short and not explanation):
+        if override_false_abstain and grade.verdict == "sufficient":
+            draft = extractive_draft(question, answer_type, passages, extractive_k)
+            return draft.model_copy(
+                update={
+                    "removed_citations": removed,
+                    "notes": ["the LLM said not in the library, but the grader found the context sufficient"],
+                }
+            )
+        return abstain_draft("the LLM found no answer in the passages").model_copy(
+            update={"removed_citations": removed}
+        )
+    if answer_type == "yes_no":
+        said = yes_no_of(explanation, strict=True)
+        if short not in ("Yes", "No") and said is not None:
+            short = said
+            notes.append("short answer taken from the explanation's yes/no")
+        elif said is not None and said != short:
+            # The explanation argues its case; a flipped one-word answer is the likelier slip.
+            short = said
+            notes.append("short answer flipped to match the explanation")
+        elif short not in ("Yes", "No"):
+            notes.append("short answer is not yes/no")
+    if not short:
+        # A placeholder (BIBREF0) or nothing: the best-supported sentence stands in.
+        short = extractive_draft(question, answer_type, passages, 1).short_answer
+        notes.append("short answer was a placeholder or empty; taken from the passages")
+    return Draft(
+        short_answer=short, explanation=explanation, mode="llm", removed_citations=removed, notes=notes
+    )
+
+
+def make_synthesizer(deps: AgentDeps):
+    """The synthesizer node."""
+    settings = deps.settings
+
+    def synthesizer(state: AgentState) -> Step:
+        question = state["question"]
+        answer_type = state.get("answer_type", "free_form")
+        passages = list(state.get("context", []))
+        grade = state.get("grade") or Grade(verdict="unrelated")
+        counts: dict[str, float] = {"passages": len(passages)}
+        if grade.verdict == "unrelated" or not passages:
+            draft = abstain_draft("; ".join(grade.reasons) or "no passages")
+            return Step({"draft": draft}, f"abstain: {draft.notes[0]}", counts)
+        if deps.llm is None:
+            draft = extractive_draft(question, answer_type, passages, settings.extractive_sentences)
+            how = "extractive"
+        else:
+            user = prompts.SYNTH_USER.format(
+                passages=format_passages(passages),
+                question=question,
+                instruction=prompts.SYNTH_INSTRUCTIONS[answer_type],
+                short_form=prompts.SYNTH_SHORT_FORMS[answer_type],
+            )
+            try:
+                raw = ask(deps.llm, prompts.SYNTH_SYSTEM, user, max_tokens=deps.max_answer_tokens)
+            except AragError as exc:
+                log.warning("synthesis LLM failed, answering extractively: %s", exc)
+                draft = extractive_draft(question, answer_type, passages, settings.extractive_sentences)
+                draft = draft.model_copy(update={"notes": [f"LLM failed ({exc.what}); extractive answer"]})
+                how = "extractive (LLM failed)"
+            else:
+                draft = check_llm_draft(
+                    raw,
+                    question,
+                    answer_type,
+                    passages,
+                    grade,
+                    override_false_abstain=settings.override_false_abstain,
+                    extractive_k=settings.extractive_sentences,
+                )
+                how = "llm" if draft.mode == "llm" else f"llm -> {draft.mode}"
+        counts["removed_citations"] = draft.removed_citations
+        decision = f"{how}; short answer {draft.short_answer!r}"
+        if draft.removed_citations:
+            decision += f"; removed {draft.removed_citations} invalid citation(s)"
+        if draft.notes:
+            decision += "; " + "; ".join(draft.notes)
+        return Step({"draft": draft}, decision, counts)
+
+    return synthesizer

@@ -1,0 +1,141 @@
+"""Words of questions and passages: key terms (stemmed, as BM25 sees them), named entities, citation
+markers and S2ORC placeholders. Shared by the router, planner, grader, context builder and verifier."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from arag.index.sparse import STOPWORDS, tokenize
+from arag.ingest.splitter import split_sentences
+
+# Words every research question uses: they say nothing about what the passages must hold.
+_GENERIC_TEXT = """
+    paper papers author authors work works approach approaches method methods propose proposed use used
+    uses using describe explain compare comparison difference differences different mention mentioned
+    discuss study present presented show shown result results tell give list example kind type way ways
+    main also well much many know please would like question questions answer yes"""
+GENERIC: frozenset[str] = frozenset(tokenize(_GENERIC_TEXT))
+
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9'\-]*|\d+(?:\.\d+)?")
+# Acronyms and mixed-case or alphanumeric names: BERT, SQuAD, GPT-2, F1, WikiText-103, ELMo.
+_NAME = re.compile(r"\b(?:[A-Za-z]*[A-Z][a-z]*[A-Z0-9][A-Za-z0-9]*(?:-[A-Za-z0-9]+)*|[A-Za-z]+-\d+)\b")
+_QUOTED = re.compile(r"(?<!\w)[\"“‘']([^\"“”‘’]{3,120}?)[\"”’'](?!\w)")
+_PLACEHOLDER = re.compile(r"\s*\b(?:BIBREF|TABREF|FIGREF|SECREF|EQREF|INLINEFORM|DISPLAYFORM)\d+\b", re.I)
+# [3], [1, 2], [1; 4], [2-3] markers.
+CITE = re.compile(r"\s*\[(\d+(?:\s*[,;\-–]\s*\d+)*)\]")
+# Capitalised words that are not names.
+_NOT_NAMES = frozenset("I A The What Which How Why When Where Who Whom Is Are Do Does Did Can Could".split())
+
+
+def key_terms(text: str) -> list[str]:
+    """The stemmed content terms of ``text``, unique, in order, generic research words left out."""
+    out: list[str] = []
+    for t in tokenize(text):
+        if t not in GENERIC and t not in out:
+            out.append(t)
+    return out
+
+
+def term_words(text: str) -> dict[str, str]:
+    """Each key term of ``text`` mapped to the word it came from (to say what is missing in words)."""
+    out: dict[str, str] = {}
+    for w in _WORD.findall(text):
+        for t in tokenize(w):
+            if t not in GENERIC:
+                out.setdefault(t, w)
+    return out
+
+
+def content_words(text: str) -> list[str]:
+    """The words of ``text`` that are not stopwords or generic, as written."""
+    return [w for w in _WORD.findall(text) if w.lower() not in STOPWORDS and key_terms(w)]
+
+
+def entities(text: str) -> list[str]:
+    """Names a passage must mention for a question about them: quoted phrases, acronyms, mixed-case and
+    alphanumeric names. Unique, in order."""
+    out: list[str] = []
+    for m in _QUOTED.finditer(text):
+        out.append(m.group(1).strip())
+    rest = _QUOTED.sub(" ", text)
+    for m in _NAME.finditer(rest):
+        name = m.group(0)
+        if name not in _NOT_NAMES and not name.isdigit():
+            out.append(name)
+    return list(dict.fromkeys(out))
+
+
+def has_entity(entity: str, text_lower: str) -> bool:
+    """Whether a (case-folded) text mentions the entity, as a whole word."""
+    return (
+        re.search(r"(?<![A-Za-z0-9])" + re.escape(entity.lower()) + r"(?![A-Za-z0-9])", text_lower)
+        is not None
+    )
+
+
+def strip_placeholders(text: str) -> str:
+    """Remove S2ORC's BIBREF0 / TABREF1 / ... stand-ins (meaningless in an answer)."""
+    return re.sub(r"\s+([.,;:])", r"\1", _PLACEHOLDER.sub("", text)).strip()
+
+
+def is_placeholder(text: str) -> bool:
+    """A placeholder (or only citation markers) where an answer should be."""
+    rest = CITE.sub("", _PLACEHOLDER.sub("", text)).strip(" .,;:()[]\"'")
+    return not rest
+
+
+def cited_numbers(text: str) -> list[int]:
+    """The passage numbers cited in ``text``, in order of first citation (ranges expanded)."""
+    out: list[int] = []
+    for m in CITE.finditer(text):
+        for n in _expand(m.group(1)):
+            if n not in out:
+                out.append(n)
+    return out
+
+
+def _expand(group: str) -> list[int]:
+    nums: list[int] = []
+    for part in re.split(r"\s*[,;]\s*", group):
+        if re.fullmatch(r"\d+\s*[\-–]\s*\d+", part):
+            a, b = (int(x) for x in re.split(r"\s*[\-–]\s*", part))
+            # A range wider than a context ever is: read it as its two ends.
+            nums.extend(range(a, b + 1) if 0 < b - a <= 10 else [a, b])
+        elif part.strip().isdigit():
+            nums.append(int(part))
+    return nums
+
+
+def strip_citations(text: str) -> str:
+    """``text`` without its [n] markers."""
+    return CITE.sub("", text).strip()
+
+
+def clean_citations(text: str, valid: Iterable[int]) -> tuple[str, int]:
+    """Keep only markers that name a passage in ``valid``; return the text and how many numbers were
+    removed. A marker left with no valid number disappears."""
+    ok = set(valid)
+    removed = 0
+
+    def fix(m: re.Match[str]) -> str:
+        nonlocal removed
+        nums = _expand(m.group(1))
+        good = list(dict.fromkeys(n for n in nums if n in ok))
+        removed += len(nums) - len([n for n in nums if n in ok])
+        return f" [{', '.join(str(n) for n in good)}]" if good else ""
+
+    return CITE.sub(fix, text), removed
+
+
+def sentences(text: str) -> list[str]:
+    """Sentences of a passage or an answer."""
+    return split_sentences(text)
+
+
+def coverage(terms: Iterable[str], passage_terms: set[str]) -> float:
+    """Share of ``terms`` found among ``passage_terms`` (1.0 when there are no terms to find)."""
+    ts = list(terms)
+    if not ts:
+        return 1.0
+    return sum(t in passage_terms for t in ts) / len(ts)

@@ -1,0 +1,217 @@
+"""The verifier: the answer split into claims, each scored against the passages it cites. Unsupported
+claims are dropped (or marked); a claim's markers that do not support it are removed when another
+does; an uncited supported claim gets its best passage's marker. When the core answer (the first
+claim, and for a span answer the span itself) is unsupported, the agent abstains: fail closed.
+The verifier also assembles the final ``Answer``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from arag.agent import prompts
+from arag.agent.deps import AgentDeps
+from arag.agent.state import AgentState, ContextPassage, Draft, Grade, Step
+from arag.agent.support import SupportScorer
+from arag.agent.synthesizer import with_marker
+from arag.agent.terms import cited_numbers, coverage, key_terms, sentences, strip_citations
+from arag.index.sparse import tokenize
+from arag.records import Answer, AnswerType, Citation, PaperHit, UsedChunk
+
+UNSUPPORTED_MARK = " (not supported by the cited passages)"
+# A span answer must have this share of its words in the passages: a span comes from a paper.
+SPAN_GROUNDING = 0.5
+
+
+@dataclass
+class Verified:
+    """The claims that survived, the support per cited passage, and what happened."""
+
+    explanation: str
+    support: dict[int, float] = field(default_factory=dict)
+    claims: int = 0
+    supported: int = 0
+    dropped: int = 0
+    core_supported: bool = False
+    reason: str = ""
+
+
+def split_claims(explanation: str) -> list[str]:
+    """The answer's sentences; a sentence of markers alone ("[1].") joins the claim before it."""
+    claims: list[str] = []
+    for s in sentences(explanation):
+        if claims and not strip_citations(s).strip(" .;,:"):
+            claims[-1] = f"{claims[-1].rstrip()} {s}"
+        else:
+            claims.append(s)
+    return claims
+
+
+def _remark(body: str, numbers: list[int]) -> str:
+    """A claim's text with exactly ``numbers`` as its markers."""
+    out = body
+    for n in numbers:
+        out = with_marker(out, n)
+    # with_marker puts each marker before the final period: "x [1] [2]." reads fine.
+    return out
+
+
+def verify_claims(
+    draft: Draft,
+    passages: list[ContextPassage],
+    scorer: SupportScorer,
+    answer_type: AnswerType,
+    *,
+    mark: bool,
+) -> Verified:
+    """Score every claim of the draft against its cited passages (a pure function of its inputs)."""
+    by_n = {p.n: p for p in passages}
+    out: list[str] = []
+    result = Verified(explanation="")
+    first_content: bool | None = None
+    for claim in split_claims(draft.explanation):
+        body = strip_citations(claim)
+        if not key_terms(body):
+            out.append(claim)  # "Yes." or a connective: nothing to check
+            continue
+        result.claims += 1
+        cited = [n for n in cited_numbers(claim) if n in by_n]
+        pool = cited or list(by_n)
+        scores = {n: scorer.score(body, by_n[n].full_text) for n in pool}
+        good = [n for n in pool if scores[n] >= scorer.threshold]
+        for n in cited:
+            result.support[n] = max(result.support.get(n, 0.0), scores[n])
+        if good:
+            result.supported += 1
+            keep = good if cited else [max(good, key=lambda n: (scores[n], -n))]
+            for n in keep:
+                result.support[n] = max(result.support.get(n, 0.0), scores[n])
+            out.append(_remark(body, keep))
+        else:
+            result.dropped += 1
+            if mark:
+                out.append(claim.rstrip() + UNSUPPORTED_MARK)
+        if first_content is None:
+            first_content = bool(good)
+    result.explanation = " ".join(out)
+    if first_content is None:
+        result.reason = "the answer makes no checkable claim"
+    elif not first_content:
+        result.reason = "the core claim is not supported by its passages"
+    else:
+        result.core_supported = True
+    if result.core_supported and answer_type == "span" and draft.short_answer:
+        have = set(tokenize(" ".join(p.full_text for p in passages)))
+        if coverage(key_terms(draft.short_answer), have) < SPAN_GROUNDING:
+            result.core_supported = False
+            result.reason = f"the short answer {draft.short_answer!r} is not in the passages"
+    return result
+
+
+def abstain_text(closest: list[PaperHit]) -> str:
+    """The abstention and the papers nearest the question."""
+    text = prompts.ABSTAIN
+    if closest:
+        text += "\n\nClosest papers in the library:\n" + "\n".join(
+            f"- {p.title} ({p.paper_id})" for p in closest
+        )
+    return text
+
+
+def missing_note(grade: Grade) -> list[str]:
+    """What the passages lacked, in words, for a partial answer."""
+    items = list(grade.missing)
+    items.extend(f"evidence for '{q}'" for q in grade.empty_queries)
+    return list(dict.fromkeys(items))
+
+
+def make_verifier(deps: AgentDeps):
+    """The verifier node: checks the draft and builds the Answer."""
+    settings = deps.settings
+
+    def verifier(state: AgentState) -> Step:
+        question = state["question"]
+        draft: Draft = state["draft"]
+        passages = list(state.get("context", []))
+        grade = state.get("grade") or Grade(verdict="unrelated")
+        closest = list(state.get("closest", []))
+        answer_type = state.get("answer_type", "free_form")
+        n_of = {p.chunk.id: p.n for p in passages}
+        chunks = [
+            UsedChunk(
+                n=n_of.get(e.chunk.id),
+                chunk_id=e.chunk.id,
+                paper_id=e.chunk.paper_id,
+                title=e.chunk.title,
+                section=e.chunk.section,
+                score=round(e.score, 4),
+                query=e.query,
+                pass_index=e.pass_index,
+            )
+            for e in state.get("evidence", [])
+        ]
+        base: dict[str, Any] = {
+            "question": question,
+            "route": "research",
+            "answer_type": answer_type,
+            "sub_queries": list(state.get("sub_queries", [])),
+            "retries": state.get("retries", 0),
+            "chunks": chunks,
+            "closest": closest,
+            "removed_citations": draft.removed_citations,
+        }
+        missing = missing_note(grade) if grade.verdict != "sufficient" else []
+        if draft.mode == "abstain":
+            answer = Answer(
+                short_answer=prompts.NOT_IN_LIBRARY,
+                text=abstain_text(closest),
+                abstained=True,
+                mode="abstain",
+                missing=missing,
+                **base,
+            )
+            return Step({"answer": answer}, f"abstain ({'; '.join(draft.notes)})", {"claims": 0})
+        v = verify_claims(draft, passages, deps.support, answer_type, mark=settings.unsupported == "mark")
+        counts: dict[str, float] = {"claims": v.claims, "supported": v.supported, "dropped": v.dropped}
+        if not v.core_supported:
+            answer = Answer(
+                short_answer=prompts.NOT_IN_LIBRARY,
+                text=abstain_text(closest),
+                abstained=True,
+                mode="abstain",
+                missing=missing,
+                dropped_claims=v.dropped,
+                **base,
+            )
+            return Step({"answer": answer}, f"abstain: {v.reason}", counts)
+        text = v.explanation
+        if missing:
+            text += "\n\nNot found in the library's passages: " + ", ".join(missing) + "."
+        citations = [
+            Citation(
+                n=n,
+                chunk_id=p.chunk.id,
+                paper_id=p.chunk.paper_id,
+                title=p.chunk.title,
+                section=p.chunk.section,
+                support=round(v.support.get(n, 0.0), 4),
+                supported=v.support.get(n, 0.0) >= deps.support.threshold,
+            )
+            for n in cited_numbers(v.explanation)
+            if (p := next((q for q in passages if q.n == n), None)) is not None
+        ]
+        answer = Answer(
+            short_answer=draft.short_answer,
+            text=text,
+            citations=citations,
+            mode=draft.mode,
+            missing=missing,
+            dropped_claims=v.dropped,
+            **base,
+        )
+        decision = f"{v.supported}/{v.claims} claims supported"
+        if v.dropped:
+            decision += f", {'marked' if settings.unsupported == 'mark' else 'dropped'} {v.dropped}"
+        return Step({"answer": answer}, decision, counts)
+
+    return verifier

@@ -1,0 +1,29 @@
+"""Build the LLM the settings ask for."""
+
+from __future__ import annotations
+
+from arag.llm.base import LLM
+from arag.llm.gguf import PACKAGED_MODELS, AssemblyProgress, resolve_model_path
+from arag.settings import Settings
+
+
+def get_llm(settings: Settings, progress: AssemblyProgress | None = None) -> LLM | None:
+    """The configured LLM, or None for the ``extractive`` provider (answers without an LLM).
+
+    For ``llama-cpp`` a packaged model is assembled from its part packages first (once; later
+    starts reuse the verified file); ``progress`` follows that assembly.
+    """
+    cfg = settings.llm
+    if cfg.provider == "extractive":
+        return None
+    if cfg.provider == "openai":
+        from arag.llm.openai_compat import OpenAICompatLLM
+
+        return OpenAICompatLLM(cfg)
+    from arag.llm.llama_cpp import LlamaCppLLM, import_llama_cpp
+
+    # Fail on a missing runtime before spending a minute assembling a model it cannot run.
+    import_llama_cpp()
+    path = resolve_model_path(cfg.model, settings.data_dir, progress)
+    name = cfg.model if cfg.model in PACKAGED_MODELS else path.stem
+    return LlamaCppLLM(path, cfg, name=name)

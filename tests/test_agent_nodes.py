@@ -1,0 +1,730 @@
+"""The agent's nodes and rules as pure functions (no library, no model): router, planner, answer type,
+grader, reformulator, context, synthesizer, verifier and the support scorers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from arag.agent import prompts
+from arag.agent.about import relevant_sections
+from arag.agent.answer_type import (
+    detect_answer_type,
+    extractive_yes_no,
+    normalize_short_answer,
+    yes_no_of,
+)
+from arag.agent.context import build_context, context_budget, order_evidence, prune_sentences
+from arag.agent.deps import AgentDeps, parse_json_object
+from arag.agent.direct import arithmetic_expression, evaluate
+from arag.agent.grader import grade_evidence, make_grade_edge, make_grader
+from arag.agent.planner import looks_compound, make_planner, plan_rules, validate_llm_plan
+from arag.agent.reformulator import make_reformulate_edge, make_reformulator, reformulate_rules
+from arag.agent.router import make_about, make_direct, make_router, route_edge, route_rules
+from arag.agent.state import AgentState, ContextPassage, Draft, Evidence, Grade, QueryOutcome
+from arag.agent.support import LexicalSupport, LLMJudgeSupport, SupportScorer
+from arag.agent.synthesizer import check_llm_draft, extractive_draft, parse_reply
+from arag.agent.terms import cited_numbers, clean_citations, entities, is_placeholder, key_terms
+from arag.agent.verifier import abstain_text, make_verifier, verify_claims
+from arag.llm.base import ChatMessage
+from arag.llm.scripted import ScriptedLLM
+from arag.records import Chunk, PaperHit, SearchFilter
+from arag.retrieval.pipeline import SearchResult
+from arag.retrieval.resolve import PaperRef
+from arag.settings import AgentSettings
+
+# --- fixtures: chunks, evidence, passages, deps -------------------------------------------------
+
+
+def _chunk(cid: str, paper: str, text: str, section: str | None = None, title: str | None = None) -> Chunk:
+    return Chunk(
+        id=cid,
+        paper_id=paper,
+        index=0,
+        title=title or f"Paper {paper}",
+        section=section,
+        type="passage",
+        text=text,
+        embed_text=text,
+        n_tokens=1,
+    )
+
+
+def _ev(chunk: Chunk, query: str = "q", rank: int = 1, pass_index: int = 0) -> Evidence:
+    return Evidence(chunk=chunk, score=1.0 / rank, query=query, pass_index=pass_index, rank=rank)
+
+
+def _passage(n: int, chunk: Chunk) -> ContextPassage:
+    return ContextPassage(n=n, chunk=chunk, text=chunk.text, score=1.0, tokens=10)
+
+
+class NoSearch:
+    """A retriever the pure-node tests must never call."""
+
+    def search_many(
+        self, queries: Sequence[str], flt: SearchFilter | None = None, *, concurrent: bool = True
+    ) -> list[SearchResult]:
+        raise AssertionError("no search expected")
+
+
+def _deps(llm: ScriptedLLM | None = None, *, llm_checks: bool = False, **settings: object) -> AgentDeps:
+    return AgentDeps(
+        retriever=NoSearch(),
+        llm=llm,
+        support=LexicalSupport(),
+        settings=AgentSettings(**settings),  # type: ignore[arg-type]
+        llm_checks=llm_checks,
+    )
+
+
+PARSER = _chunk(
+    "A:0001:aa",
+    "A",
+    "The semantic parser maps sentences to trees. It is trained on Wikipedia pages. "
+    "Training takes 3 days on one GPU.",
+    section="Parser",
+)
+ONTOLOGY = _chunk(
+    "A:0002:bb",
+    "A",
+    "The ontology is induced from the parsed text. Concepts become classes of the ontology.",
+    section="Ontology induction",
+)
+WEATHER = _chunk("B:0001:cc", "B", "Rain fell on the station for most of the week.", section="Data")
+
+
+# --- router ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("question", "route", "sure"),
+    [
+        ("hi", "direct", True),
+        ("Hello there!", "direct", True),
+        ("thanks a lot", "direct", True),
+        ("how are you?", "direct", True),
+        ("what is 12*7", "direct", True),
+        ("What is 12 * 7?", "direct", True),
+        ("3 plus 4", "direct", True),
+        ("what is RAG?", "about", True),
+        ("What is RAG and why is it better than a plain LLM call here?", "about", True),
+        ("how does arag work", "about", True),
+        ("How do you work?", "about", True),
+        ("what papers do you have?", "about", True),
+        ("Which datasets are used for evaluation?", "research", True),
+        ("Do they use BERT?", "research", True),
+        ("How is the ontology induced from text?", "research", True),
+        # RAG as a research topic, with more to it than "what is RAG": research.
+        ("How does retrieval-augmented generation help open-domain QA?", "research", True),
+        ("What does 'Learning to Compose Neural Networks for Question Answering' propose?", "research", True),
+        ("What is 1601.00901 about?", "research", True),
+        ("what is the weather", "research", False),
+    ],
+)
+def test_route_rules(question: str, route: str, sure: bool) -> None:
+    got = route_rules(question)
+    assert (got.route, got.sure) == (route, sure)
+
+
+def test_route_rules_reasons() -> None:
+    assert route_rules("What does 'Learning to Compose Neural Networks' propose?").reason == "names a paper"
+    assert route_rules("what is 12*7").reason == "arithmetic"
+    assert route_rules("what is the weather").reason == "unsure: few content terms"
+
+
+@pytest.mark.parametrize(
+    ("route", "edge"), [("research", "planner"), ("direct", "direct"), ("about", "about")]
+)
+def test_route_edge(route: str, edge: str) -> None:
+    state: AgentState = {"question": "x", "route": route}  # type: ignore[typeddict-item]
+    assert route_edge(state) == edge
+
+
+def test_router_asks_the_llm_only_when_unsure() -> None:
+    llm = ScriptedLLM(['{"route": "direct"}', "no idea"])
+    router = make_router(_deps(llm))
+    assert router({"question": "what is the weather"}).update == {"route": "direct"}
+    # An unusable reply: research (the grader abstains if the library has nothing).
+    step = router({"question": "what is the weather"})
+    assert step.update == {"route": "research"} and "unusable" in step.decision
+    assert router({"question": "Do they use BERT?"}).update == {"route": "research"}
+    assert len(llm.calls) == 2 and llm.calls[0][0].content == prompts.ROUTER_SYSTEM
+    # Without an LLM the unsure case is research.
+    assert make_router(_deps())({"question": "what is the weather"}).update == {"route": "research"}
+
+
+@pytest.mark.parametrize(
+    ("message", "expr", "value"),
+    [
+        ("what is 12*7", "12*7", "84"),
+        ("What is 12 * 7?", "12 * 7", "84"),
+        ("3 plus 4", "3 + 4", "7"),
+        ("calculate (3+4)*2", "(3+4)*2", "14"),
+        ("what is 2^10", "2**10", "1024"),
+        ("12 x 3", "12*3", "36"),
+        ("what is 7 divided by 2", "7 / 2", "3.5"),
+        ("1/0", "1/0", "undefined (division by zero)"),
+        ("9**9**9", "9**9**9", "too large to compute here"),
+    ],
+)
+def test_arithmetic(message: str, expr: str, value: str) -> None:
+    assert arithmetic_expression(message) == expr
+    assert evaluate(expr) == value
+
+
+@pytest.mark.parametrize("message", ["what is BERT", "what is 7", "what is 2-1 in the paper", "hi"])
+def test_not_arithmetic(message: str) -> None:
+    assert arithmetic_expression(message) is None
+
+
+def test_direct_node() -> None:
+    direct = make_direct(_deps())
+    a = direct({"question": "what is 12*7"}).update["answer"]
+    assert (a.short_answer, a.text, a.route, a.mode) == ("84", "12*7 = 84", "direct", "direct")
+    assert direct({"question": "hello"}).update["answer"].text == prompts.GREETING_REPLY
+    assert direct({"question": "how are you?"}).update["answer"].text == prompts.SMALL_TALK_REPLY
+    llm = ScriptedLLM(["Fine, thanks! Ask me about a paper."])
+    chat = make_direct(_deps(llm))({"question": "how are you?"}).update["answer"]
+    assert (
+        chat.text == "Fine, thanks! Ask me about a paper."
+        and llm.calls[0][0].content == prompts.DIRECT_SYSTEM
+    )
+
+
+def test_about_node_explains_arag_from_its_description() -> None:
+    about = make_about(_deps())
+    why = about({"question": "What is RAG and why is it better than a plain LLM call here?"}).update["answer"]
+    assert why.route == "about" and why.mode == "about"
+    assert "citation" in why.text and "abstains" in why.text
+    lib = about({"question": "what papers are in your library?"}).update["answer"]
+    assert "1,585" in lib.text and "CC-BY 4.0" in lib.text and "Dasigi" in lib.text
+    assert relevant_sections("zzz qqq") == [relevant_sections("overview")[0]]
+    llm = ScriptedLLM([lambda m: "arag is a RAG assistant." if "Description:" in m[0].content else "?"])
+    assert make_about(_deps(llm))({"question": "how does arag work"}).update["answer"].text == (
+        "arag is a RAG assistant."
+    )
+
+
+# --- planner -----------------------------------------------------------------------------------
+
+LEAD = "In the paper 'Learning to Compose Neural Networks for Question Answering': "
+
+
+@pytest.mark.parametrize(
+    ("question", "subs"),
+    [
+        ("How does the ontology induction work?", ["How does the ontology induction work?"]),
+        ("Do they use BERT and ELMo?", ["Do they use BERT and ELMo?"]),
+        (
+            "Compare the ontology induction and the paraphrase generation",
+            ["the ontology induction", "the paraphrase generation"],
+        ),
+        ("compare BERT with ELMo on SQuAD", ["BERT on SQuAD", "ELMo on SQuAD"]),
+        (
+            "What is the difference between dense and sparse retrieval?",
+            ["dense retrieval", "sparse retrieval"],
+        ),
+        ("BERT vs ELMo", ["BERT", "ELMo"]),
+        (
+            "How does the semantic parser work and where does it fail?",
+            ["How does the semantic parser work", "where does the semantic parser fail?"],
+        ),
+        (
+            "What datasets do they use? How big is the corpus?",
+            ["What datasets do they use?", "How big is the corpus?"],
+        ),
+        (
+            "Which tasks? Which datasets? Which metrics? Which baselines?",
+            ["Which tasks?", "Which datasets?", "Which metrics?"],
+        ),
+        (
+            LEAD + "how does the model work and where does it fail?",
+            [LEAD + "how does the model work", LEAD + "where does the model fail?"],
+        ),
+    ],
+)
+def test_plan_rules(question: str, subs: list[str]) -> None:
+    assert plan_rules(question) == subs
+
+
+def test_looks_compound() -> None:
+    assert looks_compound("compare X and Y") and looks_compound("What is X? What is Y?")
+    assert not looks_compound("How is the ontology induced?")
+    # The "and" inside a paper's title does not count.
+    assert not looks_compound("In the paper 'Ontology and Parsing': what is induced?")
+
+
+def test_validate_llm_plan() -> None:
+    q = "Compare BERT and ELMo"
+    assert validate_llm_plan(q, {"kind": "compound", "sub_queries": ["BERT results", "ELMo results"]}) == [
+        "BERT results",
+        "ELMo results",
+    ]
+    assert validate_llm_plan(q, {"kind": "simple", "sub_queries": []}) == [q]
+    four = {"kind": "compound", "sub_queries": ["a BERT", "b ELMo", "c GPT", "d XLNet"]}
+    assert validate_llm_plan(q, four) == ["a BERT", "b ELMo", "c GPT"]
+    for bad in (
+        None,
+        {"kind": "many"},
+        {"kind": "compound", "sub_queries": ["only one"]},
+        {"kind": "compound"},
+    ):
+        assert validate_llm_plan(q, bad) is None
+    # A paper named up front is carried into the LLM's sub-queries.
+    got = validate_llm_plan(
+        LEAD + "compare X and Y", {"kind": "compound", "sub_queries": ["X nets", "Y nets"]}
+    )
+    assert got == [LEAD + "X nets", LEAD + "Y nets"]
+
+
+def test_planner_node_llm_json_and_fallback() -> None:
+    q = "Compare the ontology induction and the paraphrase generation"
+    good = ScriptedLLM(
+        ['{"kind": "compound", "sub_queries": ["ontology induction", "paraphrase generation"]}']
+    )
+    step = make_planner(_deps(good))({"question": q})
+    assert step.update["plan"] == step.update["pending"] == ["ontology induction", "paraphrase generation"]
+    assert step.decision == "compound: 2 sub-queries (LLM); answer type free_form"
+    assert good.calls[0][0].content == prompts.PLANNER_SYSTEM
+    bad = ScriptedLLM(["Sure! Here are the sub-queries: ontology, paraphrase"])
+    step = make_planner(_deps(bad))({"question": q})
+    assert step.update["plan"] == ["the ontology induction", "the paraphrase generation"]
+    assert "rules (LLM reply unusable)" in step.decision
+    # A question that does not look compound costs no LLM call.
+    quiet = ScriptedLLM([])
+    step = make_planner(_deps(quiet))({"question": "Do they use Wikipedia?"})
+    assert step.update["plan"] == ["Do they use Wikipedia?"] and step.update["answer_type"] == "yes_no"
+    assert quiet.calls == []
+
+
+def test_parse_json_object() -> None:
+    assert parse_json_object('```json\n{"a": 1}\n```') == {"a": 1}
+    assert parse_json_object('{"a": [1, 2]}') == {"a": [1, 2]}
+    assert parse_json_object("[1, 2]") is None and parse_json_object("nope") is None
+
+
+# --- answer type -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("question", "kind"),
+    [
+        ("Do they use BERT?", "yes_no"),
+        ("Is the model trained end to end?", "yes_no"),
+        ("Is it trained on English or Chinese?", "span"),
+        ("How many papers are annotated?", "span"),
+        ("What datasets do they use?", "span"),
+        ("Which baseline is used?", "span"),
+        ("What is the size of the corpus?", "span"),
+        ("How does the parser work?", "free_form"),
+        ("Why does it fail?", "free_form"),
+        ("Compare X and Y", "free_form"),
+        ("What is the main contribution?", "free_form"),
+        ("In the paper 'Learning to Compose': do they evaluate on VQA?", "yes_no"),
+    ],
+)
+def test_detect_answer_type(question: str, kind: str) -> None:
+    assert detect_answer_type(question) == kind
+
+
+@pytest.mark.parametrize(
+    ("raw", "kind", "want"),
+    [
+        ("Short answer: Yes, they do [1].", "yes_no", "Yes"),
+        ("no.", "yes_no", "No"),
+        ("True", "yes_no", "Yes"),
+        ("Nope", "yes_no", "No"),
+        ("BIBREF0", "span", ""),
+        ("[2]", "span", ""),
+        ("Short answer: Unanswerable", "span", "not in the library"),
+        ("The passages do not say", "free_form", "not in the library"),
+        ('**Short answer:** "SQuAD" [2].', "span", "SQuAD"),
+        ("84.2 F1 BIBREF3.", "span", "84.2 F1"),
+        ("Maybe", "yes_no", "Maybe"),
+    ],
+)
+def test_normalize_short_answer(raw: str, kind: str, want: str) -> None:
+    assert normalize_short_answer(raw, kind) == want  # type: ignore[arg-type]
+
+
+def test_yes_no_helpers() -> None:
+    assert yes_no_of("No, they do not", strict=True) == "No"
+    assert yes_no_of("Not only X", strict=True) is None and yes_no_of("Not only X") == "No"
+    assert yes_no_of("yes they do", strict=True) is None and yes_no_of("Yes.", strict=True) == "Yes"
+    assert extractive_yes_no("They do not use BERT.") == "No"
+    assert extractive_yes_no("They use BERT.") == "Yes"
+
+
+# --- terms -------------------------------------------------------------------------------------
+
+
+def test_terms_helpers() -> None:
+    assert entities("Do they use BERT or GPT-2 on SQuAD?") == ["BERT", "GPT-2", "SQuAD"]
+    assert entities("How is the Wikipedia ontology induced?") == []
+    assert entities("don't they use the model's ELMo features") == ["ELMo"]
+    assert key_terms("How is the proposed ontology induced from the text?") == ["ontolog", "induc", "text"]
+    assert clean_citations("A [1]. B [9]. C [1, 9][2-3].", [1, 2, 3]) == ("A [1]. B. C [1] [2, 3].", 2)
+    assert cited_numbers("a [3] b [1,2] c [2-4]") == [3, 1, 2, 4]
+    assert is_placeholder("BIBREF0") and is_placeholder("[1]") and not is_placeholder("BERT")
+
+
+# --- grader ------------------------------------------------------------------------------------
+
+
+def _grade(question: str, evidence: list[Evidence], plan: list[str] | None = None, **kw: object) -> Grade:
+    plan = plan or [question]
+    outcomes = [
+        QueryOutcome(query=p, target=p, pass_index=0, kept=sum(e.query == p for e in evidence), new=0)
+        for p in plan
+    ]
+    return grade_evidence(question, plan, evidence, outcomes, kw.get("resolved"), AgentSettings())  # type: ignore[arg-type]
+
+
+def test_grader_decisions() -> None:
+    q = "How is the ontology induced?"
+    assert _grade(q, []).verdict == "unrelated"
+    assert _grade(q, []).reasons == ["no passage cleared the reranker's bar"]
+    ok = _grade(q, [_ev(ONTOLOGY, q)])
+    assert ok.verdict == "sufficient" and ok.coverage == 1.0 and ok.missing == []
+    off = _grade(
+        "What is the best pizza recipe in Naples?", [_ev(WEATHER, "What is the best pizza recipe in Naples?")]
+    )
+    assert off.verdict == "unrelated" and off.coverage == 0.0
+    assert off.reasons == ["only 0% of the question's key terms are in the passages"]
+    # A named entity the passages never mention makes the context partial, even at high coverage.
+    q2 = "How is the ontology induced with BERT?"
+    partial = _grade(q2, [_ev(ONTOLOGY, q2)])
+    assert partial.verdict == "partial" and partial.missing_entities == ["BERT"]
+    assert "not in the passages: BERT" in partial.reasons
+    # Below the coverage bar: partial, with the missing words as written.
+    q3 = "How is the ontology induced from sarcasm and irony?"
+    low = _grade(q3, [_ev(ONTOLOGY, q3)])
+    assert low.verdict == "partial" and low.missing_terms == ["sarcasm", "irony"] and low.coverage == 0.5
+
+
+def test_grader_reads_the_whole_passage_not_a_prefix() -> None:
+    long = _chunk(
+        "C:0001:dd", "C", "Filler about tokenisation. " * 40 + "The ontology is induced by clustering."
+    )
+    assert len(long.text) > 1000
+    q = "How is the ontology induced?"
+    assert _grade(q, [_ev(long, q)]).verdict == "sufficient"
+
+
+def test_grader_every_sub_query_needs_evidence() -> None:
+    plan = ["ontology induction", "paraphrase generation"]
+    g = _grade("Compare ontology induction and paraphrase generation", [_ev(ONTOLOGY, plan[0])], plan)
+    assert g.verdict == "partial" and g.empty_queries == ["paraphrase generation"]
+    assert "no evidence for: paraphrase generation" in g.reasons
+
+
+def test_grader_ignores_the_title_of_a_resolved_paper() -> None:
+    q = "How is the ontology induced in Joint Learning of Quokkas?"
+    ref = PaperRef(
+        paper_id="A",
+        title="Joint Learning of Quokkas",
+        method="title",
+        score=1.0,
+        matched="joint learning of quokkas",
+    )
+    assert _grade(q, [_ev(ONTOLOGY, q)], resolved=ref).verdict == "sufficient"
+    unscoped = _grade(q, [_ev(ONTOLOGY, q)])
+    assert unscoped.verdict == "partial" and unscoped.missing_terms == ["Joint", "Learning", "Quokkas"]
+    # A paper named up front ("In the paper '...':") never counts against the passages.
+    lead = "In the paper 'Joint Learning of Quokkas': how is the ontology induced?"
+    assert _grade(lead, [_ev(ONTOLOGY, lead)]).verdict == "sufficient"
+
+
+def test_grade_edge_allows_one_retry() -> None:
+    edge = make_grade_edge(1)
+    partial, ok = Grade(verdict="partial"), Grade(verdict="sufficient")
+    assert edge({"question": "q", "grade": partial, "retries": 0}) == "reformulator"
+    assert edge({"question": "q", "grade": partial, "retries": 1}) == "context"
+    assert edge({"question": "q", "grade": Grade(verdict="unrelated"), "retries": 0}) == "reformulator"
+    assert edge({"question": "q", "grade": ok, "retries": 0}) == "context"
+    assert make_grade_edge(0)({"question": "q", "grade": partial, "retries": 0}) == "context"
+
+
+def test_grader_llm_check_when_capable() -> None:
+    q = "How is the ontology induced?"
+    llm = ScriptedLLM(['{"sufficient": false, "missing": "the clustering algorithm"}'])
+    state: AgentState = {
+        "question": q,
+        "plan": [q],
+        "evidence": [_ev(ONTOLOGY, q)],
+        "outcomes": [QueryOutcome(query=q, target=q, pass_index=0, kept=1, new=1)],
+        "sub_queries": [q],
+    }
+    step = make_grader(_deps(llm, llm_checks=True))(state)
+    grade = step.update["grade"]
+    assert (
+        grade.verdict == "partial"
+        and grade.missing_terms == ["the clustering algorithm"]
+        and grade.llm_checked
+    )
+    # The LLM reads the passage text itself.
+    assert "Concepts become classes of the ontology." in llm.calls[0][1].content
+    # Not capable: no LLM call, the evidence decides.
+    quiet = ScriptedLLM([])
+    assert make_grader(_deps(quiet))(state).update["grade"].verdict == "sufficient" and quiet.calls == []
+
+
+# --- reformulator ------------------------------------------------------------------------------
+
+
+def test_reformulate_rules() -> None:
+    q = "How is the ontology induced from sarcasm?"
+    g = Grade(verdict="partial", missing_terms=["sarcasm"])
+    assert reformulate_rules(q, g, [q], None) == [("sarcasm ontology induced", q)]
+    # An empty planned sub-query is searched again as its keywords.
+    g2 = Grade(verdict="partial", empty_queries=["where does the semantic parser fail?"])
+    assert reformulate_rules(q, g2, [q], None) == [
+        ("semantic parser fail", "where does the semantic parser fail?")
+    ]
+    # Nothing specific missing: the question's bare keywords; never a query already searched.
+    g3 = Grade(verdict="unrelated")
+    assert reformulate_rules("What is the best pizza recipe?", g3, ["x"], None) == [
+        ("best pizza recipe", "What is the best pizza recipe?")
+    ]
+    assert reformulate_rules("What is the best pizza recipe?", g3, ["best pizza recipe"], None) == []
+    ref = PaperRef(paper_id="A", title="Joint Learning", method="title", score=1.0, matched="joint learning")
+    assert reformulate_rules(q, g, [q], ref) == [
+        ("In the paper 'Joint Learning': sarcasm ontology induced", q)
+    ]
+
+
+def test_reformulator_node_and_edge() -> None:
+    q = "How is the ontology induced from sarcasm?"
+    state: AgentState = {
+        "question": q,
+        "grade": Grade(verdict="partial", missing_terms=["sarcasm"]),
+        "sub_queries": [q],
+        "retries": 0,
+    }
+    step = make_reformulator(_deps(reformulate_with_llm=False))(state)
+    assert step.update == {
+        "pending": ["sarcasm ontology induced"],
+        "pending_targets": [q],
+        "retries": 1,
+    }
+    llm = ScriptedLLM(
+        ['{"queries": ["sarcasm detection ontology", "How is the ontology induced from sarcasm?"]}']
+    )
+    step = make_reformulator(_deps(llm))(state)
+    # The LLM's query that repeats a searched one is dropped.
+    assert step.update["pending"] == ["sarcasm detection ontology"] and "(LLM)" in step.decision
+    step = make_reformulator(_deps(ScriptedLLM(["nothing useful"])))(state)
+    assert step.update["pending"] == ["sarcasm ontology induced"] and "unusable" in step.decision
+    edge = make_reformulate_edge()
+    assert edge({"question": q, "pending": ["x"]}) == "retriever"
+    assert edge({"question": q, "pending": []}) == "context"
+
+
+# --- context -----------------------------------------------------------------------------------
+
+
+def test_order_evidence_round_robin_over_queries() -> None:
+    a1, a2, b1 = _ev(PARSER, "a", 1), _ev(ONTOLOGY, "a", 2), _ev(WEATHER, "b", 1)
+    assert order_evidence([a2, a1, b1]) == [a1, b1, a2]
+
+
+def test_prune_sentences() -> None:
+    text = "Alpha is here. Beta follows alpha. Gamma is unrelated. Delta too. Ontology ends it."
+    kept, total = prune_sentences(text, {"ontolog"}, neighbours=0)
+    assert (kept, total) == (["Ontology ends it."], 5)
+    kept, _ = prune_sentences(text, {"alpha", "ontolog"}, neighbours=0)
+    assert kept == ["Alpha is here.", "Beta follows alpha.", "… Ontology ends it."]
+    kept, _ = prune_sentences(text, {"gamma"}, neighbours=1)
+    assert kept == ["Gamma is unrelated.", "Delta too."]
+
+
+def test_build_context_numbers_prunes_and_budgets() -> None:
+    s = AgentSettings(neighbour_sentences=0)
+    q = "What does the semantic parser map, and how is the ontology induced?"
+    ev = [_ev(PARSER, q, 1), _ev(WEATHER, q, 2), _ev(ONTOLOGY, q, 3)]
+    passages, counts = build_context(q, [q], ev, s, lambda t: len(t) // 4, 1000)
+    # The weather chunk shares no word with the question: dropped; the rest numbered from 1.
+    assert [(p.n, p.chunk.id) for p in passages] == [(1, PARSER.id), (2, ONTOLOGY.id)]
+    assert passages[0].text == "The semantic parser maps sentences to trees."
+    assert passages[1].text == ONTOLOGY.text
+    assert counts["dropped"] == 1 and counts["passages"] == 2
+    # A tight budget: fewer sentences, never over the budget.
+    tight, counts = build_context(q, [q], ev, s, lambda t: len(t) // 4, 25)
+    assert [p.n for p in tight] == [1] and tight[0].text == "The semantic parser maps sentences to trees."
+    assert counts["tokens"] <= 25
+    # The first passage of a query stays even without a shared word (the reranker matched it).
+    only, _ = build_context("pizza?", ["pizza?"], [_ev(WEATHER, "pizza?")], s, len, 10_000)
+    assert [p.chunk.id for p in only] == [WEATHER.id]
+
+
+def test_context_budget_follows_the_llm_window() -> None:
+    assert context_budget(_deps()) == 1500
+    small = ScriptedLLM([], context_tokens=2048)
+    assert context_budget(_deps(small)) == 2048 - 320 - 400
+    assert context_budget(_deps(ScriptedLLM([], context_tokens=8192))) == 1500
+
+
+# --- synthesizer -------------------------------------------------------------------------------
+
+PASSAGES = [_passage(1, PARSER), _passage(2, ONTOLOGY)]
+OK = Grade(verdict="sufficient")
+
+
+def test_parse_reply() -> None:
+    assert parse_reply("Short answer: Yes\nExplanation: They do [1].") == ("Yes", "They do [1].")
+    assert parse_reply("Short answer:\nWikipedia\nExplanation: From pages [1].") == (
+        "Wikipedia",
+        "From pages [1].",
+    )
+    assert parse_reply("Wikipedia\nThey parse pages [1].") == ("Wikipedia", "They parse pages [1].")
+    assert parse_reply("They parse Wikipedia pages [1].") == ("", "They parse Wikipedia pages [1].")
+
+
+def _check(raw: str, kind: str = "free_form", grade: Grade = OK, question: str = "q") -> Draft:
+    return check_llm_draft(
+        raw,
+        question,
+        kind,
+        PASSAGES,
+        grade,
+        override_false_abstain=True,
+        extractive_k=2,  # type: ignore[arg-type]
+    )
+
+
+def test_synthesizer_removes_invalid_citations() -> None:
+    d = _check(
+        "Short answer: trees\nExplanation: The parser maps sentences to trees [1][9]. It is trained [9]."
+    )
+    assert d.explanation == "The parser maps sentences to trees [1]. It is trained."
+    assert d.removed_citations == 2 and d.mode == "llm" and d.short_answer == "trees"
+    assert set(cited_numbers(d.explanation)) <= {1, 2}
+
+
+def test_synthesizer_answer_type_checks() -> None:
+    assert (
+        _check("Short answer: yes, they do\nExplanation: Trained on Wikipedia [1].", "yes_no").short_answer
+        == "Yes"
+    )
+    flipped = _check("Short answer: Yes\nExplanation: No, it is trained on Wikipedia [1].", "yes_no")
+    assert flipped.short_answer == "No" and "flipped" in flipped.notes[0]
+    # A placeholder as the short answer is replaced from the passages.
+    q = "Which Wikipedia pages is it trained on?"
+    fixed = _check("Short answer: BIBREF0\nExplanation: Wikipedia pages [1].", "span", question=q)
+    assert fixed.short_answer == "It is trained on Wikipedia pages" and "placeholder" in fixed.notes[0]
+    # "Unanswerable" on a sufficient context: the extractive answer instead; on a partial one: abstain.
+    over = _check("Short answer: Unanswerable\nExplanation: The passages do not say.", "span", question=q)
+    assert over.mode == "extractive" and "[1]" in over.explanation
+    assert _check("Short answer: unanswerable", "span", Grade(verdict="partial"), q).mode == "abstain"
+
+
+def test_extractive_draft() -> None:
+    q = "Is the semantic parser trained on Wikipedia?"
+    d = extractive_draft(q, "yes_no", PASSAGES, 2)
+    assert d.mode == "extractive" and d.short_answer == "Yes"
+    assert d.explanation == (
+        "The semantic parser maps sentences to trees [1]. It is trained on Wikipedia pages [1]."
+    )
+    many = extractive_draft("How many days does training take?", "span", PASSAGES, 1)
+    assert many.short_answer == "3" and many.explanation == "Training takes 3 days on one GPU [1]."
+    assert extractive_draft("pizza recipe?", "free_form", PASSAGES, 2).mode == "abstain"
+
+
+# --- support and verifier ----------------------------------------------------------------------
+
+
+def test_lexical_support() -> None:
+    s = LexicalSupport()
+    assert isinstance(s, SupportScorer) and s.threshold == 0.5
+    assert s.score("The parser is trained on Wikipedia [1].", PARSER.text) == 1.0
+    assert s.score("The parser is trained on Reddit.", PARSER.text) == pytest.approx(2 / 3, abs=1e-4)
+    # A number the passage lacks halves the score.
+    assert s.score("Training takes 5 days.", PARSER.text) == pytest.approx((3 / 4) / 2)
+    assert s.score("Yes.", PARSER.text) == 1.0
+
+
+def test_llm_judge_support() -> None:
+    llm = ScriptedLLM(
+        [lambda m: "Yes." if "Wikipedia" in m[-1].content.split("Claim:")[1] else "No"], default="No"
+    )
+    j = LLMJudgeSupport(llm)
+    assert isinstance(j, SupportScorer)
+    assert j.score("Trained on Wikipedia [1].", PARSER.text) == 1.0
+    assert j.score("Trained on Reddit.", PARSER.text) == 0.0
+    assert llm.calls[0][0] == ChatMessage(role="system", content=prompts.JUDGE_SYSTEM)
+    assert "[1]" not in llm.calls[0][1].content
+
+
+def test_verifier_drops_an_unsupported_claim() -> None:
+    d = Draft(
+        short_answer="Wikipedia",
+        explanation="The parser is trained on Wikipedia pages [1]. It was invented by quokkas in Perth [2]. "
+        "Concepts become ontology classes.",
+        mode="llm",
+    )
+    v = verify_claims(d, PASSAGES, LexicalSupport(), "span", mark=False)
+    # The uncited supported claim gets its best passage's marker.
+    assert (
+        v.explanation == "The parser is trained on Wikipedia pages [1]. Concepts become ontology classes [2]."
+    )
+    assert (v.claims, v.supported, v.dropped, v.core_supported) == (3, 2, 1, True)
+    assert v.support == {1: 1.0, 2: 1.0}
+    marked = verify_claims(d, PASSAGES, LexicalSupport(), "span", mark=True)
+    assert "quokkas in Perth [2]. (not supported by the cited passages)" in marked.explanation
+
+
+def test_verifier_keeps_only_supporting_markers() -> None:
+    d = Draft(short_answer="trees", explanation="The parser maps sentences to trees [2][1].", mode="llm")
+    v = verify_claims(d, PASSAGES, LexicalSupport(), "span", mark=False)
+    assert v.explanation == "The parser maps sentences to trees [1]."
+
+
+def test_verifier_abstains_when_the_core_answer_is_unsupported() -> None:
+    d = Draft(
+        short_answer="Yes",
+        explanation="Quokkas wrote the parser in Perth [1]. It uses Wikipedia [1].",
+        mode="llm",
+    )
+    v = verify_claims(d, PASSAGES, LexicalSupport(), "yes_no", mark=False)
+    assert not v.core_supported and v.reason == "the core claim is not supported by its passages"
+    # A span answer must be found in the passages, whatever the explanation says.
+    span = Draft(short_answer="Reddit", explanation="It is trained on Wikipedia pages [1].", mode="llm")
+    v = verify_claims(span, PASSAGES, LexicalSupport(), "span", mark=False)
+    assert not v.core_supported and "'Reddit' is not in the passages" in v.reason
+
+    closest = [PaperHit(paper_id="A", title="Paper A", score=0.5)]
+    state: AgentState = {
+        "question": "Do they use Wikipedia?",
+        "draft": d,
+        "context": PASSAGES,
+        "grade": OK,
+        "closest": closest,
+        "answer_type": "yes_no",
+        "evidence": [_ev(PARSER), _ev(ONTOLOGY, rank=2)],
+        "sub_queries": ["Do they use Wikipedia?"],
+    }
+    step = make_verifier(_deps())(state)
+    a = step.update["answer"]
+    assert a.abstained and a.mode == "abstain" and a.short_answer == "not in the library"
+    assert a.text == abstain_text(closest)
+    assert a.text.startswith("I don't have enough information in the library to answer this.")
+    assert "- Paper A (A)" in a.text and a.citations == []
+    assert [c.n for c in a.chunks] == [1, 2]
+
+
+def test_verifier_builds_the_answer_with_valid_citations() -> None:
+    d = Draft(short_answer="Wikipedia", explanation="It is trained on Wikipedia pages [1].", mode="llm")
+    state: AgentState = {
+        "question": "What is the parser trained on?",
+        "draft": d,
+        "context": PASSAGES,
+        "grade": Grade(verdict="partial", missing_terms=["sarcasm"]),
+        "answer_type": "span",
+        "retries": 1,
+    }
+    a = make_verifier(_deps())(state).update["answer"]
+    assert not a.abstained and a.short_answer == "Wikipedia" and a.retries == 1
+    assert a.text == "It is trained on Wikipedia pages [1].\n\nNot found in the library's passages: sarcasm."
+    assert [(c.n, c.chunk_id, c.supported, c.support) for c in a.citations] == [(1, PARSER.id, True, 1.0)]
+    assert a.missing == ["sarcasm"]
