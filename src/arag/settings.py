@@ -202,6 +202,15 @@ class AgentSettings(BaseModel):
     concurrent: bool = True
 
 
+class ChatSettings(BaseModel):
+    """Conversations (``arag chat``): how follow-ups become standalone questions."""
+
+    # Rewrite follow-ups with the LLM when there is one (rules otherwise, and on an unusable reply).
+    rewrite_with_llm: bool = True
+    # Earlier exchanges of the session the LLM rewriter reads.
+    history_turns: int = 3
+
+
 class Settings(BaseSettings):
     """All of arag's settings."""
 
@@ -224,6 +233,7 @@ class Settings(BaseSettings):
     llm: LLMSettings = Field(default_factory=LLMSettings)
     arxiv: ArxivSettings = Field(default_factory=ArxivSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
+    chat: ChatSettings = Field(default_factory=ChatSettings)
 
     @field_validator("data_dir")
     @classmethod

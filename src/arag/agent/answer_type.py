@@ -41,7 +41,9 @@ _NO = frozenset("no nope false incorrect not never negative".split())
 _UNANSWERABLE = re.compile(
     r"^(?:unanswerable|not\s+(?:in|found\s+in)\s+the\s+(?:library|passages|paper)|not\s+(?:mentioned|"
     r"stated|specified|given|reported|available|provided)|(?:it\s+)?(?:cannot|can't)\s+be\s+(?:determined|"
-    r"answered)|unknown|n/?a|none\s+given|no\s+information|(?:the\s+)?passages?\s+(?:do|does)\s+not)",
+    r"answered)|none\s+given|no\s+information|(?:the\s+)?passages?\s+(?:do|does)\s+not)"
+    # Single words count only as the whole answer: "Naive Bayes" or "unknown words" are answers.
+    r"(?=$|[\s.,;:!)])|^(?:unknown|n/?a)[\s.!]*$",
     re.I,
 )
 _NEGATION = re.compile(r"\b(?:not|no|never|neither|nor|without|cannot|fails?|n't)\b", re.I)

@@ -109,3 +109,12 @@ SMALL_TALK_REPLY = (
 
 ABSTAIN = "I don't have enough information in the library to answer this."
 NOT_IN_LIBRARY = "not in the library"
+
+# `arag chat`: a follow-up rewritten into a question that stands alone (chat.py builds the user turn).
+REWRITE_SYSTEM = (
+    "You rewrite the last message of a conversation with a research assistant as one standalone "
+    "question that can be understood without the conversation. Replace words such as 'it', 'they' or "
+    "'this method' with what they refer to, and keep the paper the conversation is about (its title in "
+    "quotes, or its arXiv id). If the message already stands alone, repeat it unchanged. Reply with the "
+    "question only."
+)

@@ -39,6 +39,7 @@ def _register_subapps() -> None:
     from arag.cli.train import train_app
     from arag.eval.cli import eval_app
 
+    __import__("arag.cli.ask", fromlist=["register"]).register(app)
     app.add_typer(
         corpus_app, name="corpus", help="Select papers from arXiv into a manifest and fetch their PDFs."
     )

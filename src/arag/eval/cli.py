@@ -170,3 +170,6 @@ def eval_anchors(
         json_out.write_text(
             json.dumps({"top": top, "papers": len(rows), "recall": rate, "misses": misses}, indent=2)
         )
+
+
+from arag.eval import answers_cli as _answers_cli  # noqa: E402,F401

@@ -1,0 +1,219 @@
+"""The Python API: one open library (store, models, agent) that answers questions, searches, lists
+papers and holds conversations. ``arag ask`` / ``arag chat`` and the service all go through it.
+
+    import arag
+
+    answer = arag.ask("How is the ontology induced from text?")    # opens, answers, closes
+
+    with arag.Library() as lib:                                     # open once, ask many times
+        answer = lib.ask("What do the modules compute?", papers=["1601.01705"])
+        follow_up = lib.chat("s1", "How is it trained?")
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Collection, Iterator, Sequence
+from types import TracebackType
+
+from arag.agent.chat import ChatHistory, Exchange, Rewrite, Rewriter, chat_db, validate_session_id
+from arag.agent.graph import Agent, build_agent, validate_question
+from arag.errors import InputError, StoreError
+from arag.library.manage import list_papers, open_for_search
+from arag.library.state import PaperRow
+from arag.llm.base import LLM
+from arag.llm.gguf import AssemblyProgress
+from arag.models.reranker import Reranker
+from arag.records import Answer, NodeEvent, SearchFilter
+from arag.retrieval.pipeline import Retriever, SearchResult
+from arag.retrieval.resolve import PaperResolver
+from arag.settings import Settings, get_settings
+
+EventCallback = Callable[[NodeEvent], None]
+PAPERS_FIX = "list the library's paper ids with `arag papers` (or `arag papers --json`)"
+_ARXIV_PREFIX = re.compile(r"^(?:arxiv:|https?://arxiv\.org/(?:abs|pdf)/)", re.I)
+_VERSION = re.compile(r"v\d+$")
+
+
+def check_paper_ids(
+    ids: Sequence[str] | None, known: Collection[str], *, where: str = "papers"
+) -> list[str] | None:
+    """The ids as the library spells them (``arXiv:1601.01705v2`` -> ``1601.01705``); None for no
+    restriction; an InputError naming every id the library does not hold."""
+    if not ids:
+        return None
+    out: list[str] = []
+    unknown: list[str] = []
+    for raw in ids:
+        pid = raw.strip()
+        if pid not in known:
+            bare = _ARXIV_PREFIX.sub("", pid)
+            pid = next((c for c in (bare, _VERSION.sub("", bare)) if c in known), pid)
+        if pid in known:
+            out.append(pid)
+        else:
+            unknown.append(raw)
+    if unknown:
+        noun = "id" if len(unknown) == 1 else "ids"
+        raise InputError(
+            f"unknown paper {noun}: {', '.join(repr(u) for u in unknown)} "
+            f"(the library holds {len(known)} papers)",
+            where=where,
+            fix=PAPERS_FIX,
+        )
+    return list(dict.fromkeys(out))
+
+
+class Library:
+    """The built library, opened once: its store and embedder, the paper resolver, the reranker, the
+    LLM and the agent over them, and the chat history. Safe to share between threads (the service holds
+    one); close it (or use it as a context manager) to release the index, which one process at a time
+    may hold open.
+
+    ``llm`` and ``reranker`` replace the configured models (tests, or a service that built them); with
+    ``llm`` None the configured LLM is loaded now (``progress`` follows a packaged model's first
+    assembly), and the ``extractive`` provider answers without one.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        llm: LLM | None = None,
+        reranker: Reranker | None = None,
+        progress: AssemblyProgress | None = None,
+    ) -> None:
+        from arag.llm.factory import get_llm
+        from arag.retrieval.hybrid import HybridRetriever
+        from arag.retrieval.pipeline import make_retriever
+
+        self.settings = settings if settings is not None else get_settings()
+        self._lock = threading.Lock()
+        self._closed = False
+        store, embedder = open_for_search(self.settings)
+        try:
+            self._papers = list_papers(self.settings)
+            self._ids = frozenset(r.id for r in self._papers)
+            self.resolver = PaperResolver([(r.id, r.title) for r in self._papers])
+            hybrid = HybridRetriever(store, embedder, self.settings.retrieval, self.resolver)
+            self.retriever: Retriever = make_retriever(self.settings, store, hybrid, reranker)
+            self.llm: LLM | None = llm if llm is not None else get_llm(self.settings, progress)
+            self.agent: Agent = build_agent(self.settings, self.retriever, self.llm)
+            self.chat_history = ChatHistory(chat_db(self.settings))
+        except BaseException:
+            store.close()
+            raise
+        self._store = store
+        c = self.settings.chat
+        self.rewriter = Rewriter(
+            self.llm if c.rewrite_with_llm else None, self.resolver, history_turns=c.history_turns
+        )
+
+    # -- questions --------------------------------------------------------------------------------
+
+    def ask(
+        self, question: str, *, papers: Sequence[str] | None = None, on_event: EventCallback | None = None
+    ) -> Answer:
+        """Answer a question (optionally only from ``papers``); ``on_event`` sees each agent step."""
+        self._check_open()
+        return self.agent.run(question, self._filter(papers), on_event=on_event)
+
+    def stream(self, question: str, *, papers: Sequence[str] | None = None) -> Iterator[NodeEvent | Answer]:
+        """Each agent step as it finishes, then the answer. Bad input fails here, not on first use."""
+        self._check_open()
+        flt = self._filter(papers)
+        validate_question(question)
+        return self.agent.stream(question, flt)
+
+    def search(self, query: str, *, papers: Sequence[str] | None = None, k: int = 10) -> SearchResult:
+        """Hybrid search and rerank without answering: the top ``k`` candidates (``ranked``) and the
+        kept evidence, as ``arag search`` shows them."""
+        self._check_open()
+        if not query.strip():
+            raise InputError("the query is empty", where="query", fix="give a question or keywords")
+        if k < 1:
+            raise InputError(f"k must be at least 1, got {k}", where="k", fix="ask for 1 or more passages")
+        result = self.retriever.search(query.strip(), self._filter(papers))
+        return result.model_copy(update={"ranked": result.ranked[:k]})
+
+    def papers(self, *, topic: int | None = None) -> list[PaperRow]:
+        """The library's papers (as of opening), optionally those of one topic."""
+        return [r for r in self._papers if topic is None or r.topic == topic]
+
+    def check_papers(self, ids: Sequence[str] | None, *, where: str = "papers") -> list[str] | None:
+        """Paper ids as the library spells them; an InputError for any it does not hold."""
+        return check_paper_ids(ids, self._ids, where=where)
+
+    # -- conversations ----------------------------------------------------------------------------
+
+    def rewrite(self, session_id: str, message: str) -> Rewrite:
+        """The standalone question a message of a session becomes (nothing is recorded)."""
+        sid = validate_session_id(session_id)
+        return self.rewriter.rewrite(validate_question(message), self.chat_history.exchanges(sid))
+
+    def chat(
+        self,
+        session_id: str,
+        message: str,
+        *,
+        rewrite: bool = True,
+        papers: Sequence[str] | None = None,
+        on_event: EventCallback | None = None,
+        standalone: str | None = None,
+    ) -> Answer:
+        """One turn of a conversation: the message rewritten into a standalone question from the session's
+        history (unless ``rewrite`` is False), answered, and recorded. ``answer.question`` is the question
+        the agent was asked; ``standalone`` passes one the caller already rewrote (to show it first)."""
+        sid = validate_session_id(session_id)
+        message = validate_question(message)
+        if standalone is None:
+            standalone = self.rewrite(sid, message).question if rewrite else message
+        answer = self.ask(standalone, papers=papers, on_event=on_event)
+        self.chat_history.record(sid, message, answer.question, answer)
+        return answer
+
+    def history(self, session_id: str) -> list[Exchange]:
+        """A session's exchanges, oldest first (none for a session never used)."""
+        return self.chat_history.exchanges(validate_session_id(session_id))
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def _filter(self, papers: Sequence[str] | None) -> SearchFilter | None:
+        ids = self.check_papers(papers)
+        return SearchFilter(paper_ids=ids) if ids else None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("the library is closed", where="arag.Library", fix="open a new Library")
+
+    def close(self) -> None:
+        """Release the index (flushing it). Calling it twice is harmless; no call may be in flight."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._store.close()
+
+    def __enter__(self) -> Library:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def ask(
+    question: str,
+    *,
+    papers: Sequence[str] | None = None,
+    settings: Settings | None = None,
+    llm: LLM | None = None,
+    reranker: Reranker | None = None,
+    on_event: EventCallback | None = None,
+) -> Answer:
+    """Open the library, answer one question, close it. Hold a :class:`Library` to ask several."""
+    validate_question(question)  # before the models load
+    with Library(settings, llm=llm, reranker=reranker) as lib:
+        return lib.ask(question, papers=papers, on_event=on_event)

@@ -1,0 +1,303 @@
+"""``arag eval answers``: answer quality on QASPER for several configurations in one run, over the same
+questions: the naive RAG baseline, the agent without an LLM (extractive), and the agent with the LLM
+(full; without the verifier; one retrieval pass). Metric definitions: ``arag.eval.answers``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from arag.cli.common import build_progress, console, handle_errors, load_settings
+from arag.errors import AragError, InputError
+from arag.eval.cli import eval_app
+from arag.records import Answer, SearchFilter
+
+if TYPE_CHECKING:
+    from arag.eval.answers import ConfigReport
+    from arag.llm.base import LLM
+    from arag.settings import Settings
+
+CONFIGS = ("naive", "extractive", "full", "no-verifier", "one-pass")
+NEEDS_LLM = frozenset({"naive", "full", "no-verifier", "one-pass"})
+PROVIDERS = ("llama-cpp", "openai", "extractive")
+Runner = Callable[[str, SearchFilter | None], Answer]
+
+
+def _make_llm(settings: Settings) -> LLM | None:
+    """The LLM every LLM configuration shares, loaded once (None for the extractive provider).
+    A module-level hook so tests can put a scripted LLM in its place."""
+    from arag.llm.factory import get_llm
+
+    return get_llm(settings)
+
+
+class AcceptAllSupport:
+    """A support scorer that accepts every claim: the agent with its claim checks off."""
+
+    name = "accept-all"
+    threshold = 0.0
+
+    def score(self, claim: str, passage: str) -> float:
+        return 1.0
+
+
+def with_llm(settings: Settings, spec: str | None) -> Settings:
+    """The settings with ``--llm PROVIDER[:MODEL]`` applied."""
+    if not spec:
+        return settings
+    provider, _, model = spec.partition(":")
+    if provider not in PROVIDERS:
+        raise InputError(
+            f"unknown LLM provider {provider!r}",
+            where="--llm",
+            fix=f"use {', '.join(PROVIDERS)}, optionally with :MODEL (llama-cpp:qwen2.5-coder-0.5b)",
+        )
+    update: dict[str, Any] = {"provider": provider}
+    if model:
+        update["model"] = model
+    return settings.model_copy(update={"llm": settings.llm.model_copy(update=update)})
+
+
+def parse_configs(text: str) -> list[str]:
+    chosen = list(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
+    unknown = [c for c in chosen if c not in CONFIGS]
+    if unknown or not chosen:
+        raise InputError(
+            f"unknown configuration {unknown[0] if unknown else ''!r}",
+            where="--configs",
+            fix=f"use a comma list of {', '.join(CONFIGS)}",
+        )
+    return chosen
+
+
+def _cell(m: Any, *, show_n: bool) -> str:
+    half = max(m.mean - m.lo, m.hi - m.mean)
+    return f"{m.mean:.3f} ±{half:.3f}" + (f" (n={m.n})" if show_n else "")
+
+
+def print_reports(reports: list[ConfigReport]) -> None:
+    """The quality, latency and failure tables, one column per configuration."""
+    from arag.eval.answers import KINDS, METRICS, TAXONOMY
+
+    names = [r.config for r in reports]
+    quality = Table(title="answers: mean ± 95% CI half-width")
+    quality.add_column("metric", no_wrap=True)
+    for name in names:
+        quality.add_column(name)
+    subset = {"abstain_unanswerable", "answered_answerable", "citation_validity", "support_rate"}
+    for name in METRICS:
+        quality.add_row(name, *(_cell(r.metrics[name], show_n=name in subset) for r in reports))
+    for kind in KINDS:
+        if any(kind in r.answer_f1_by_kind for r in reports):
+            quality.add_row(
+                f"answer_f1 {kind}",
+                *(
+                    _cell(r.answer_f1_by_kind[kind], show_n=True) if kind in r.answer_f1_by_kind else "-"
+                    for r in reports
+                ),
+            )
+    console.print(quality)
+    latency = Table("latency (ms)", *names, title="latency")
+    latency.add_row("total p50", *(f"{r.total_p50_ms:.0f}" for r in reports))
+    latency.add_row("total p95", *(f"{r.total_p95_ms:.0f}" for r in reports))
+    nodes = list(dict.fromkeys(n for r in reports for n in r.latency_p50_ms))
+    for node in nodes:
+        latency.add_row(
+            f"{node} p50",
+            *(f"{r.latency_p50_ms[node]:.1f}" if node in r.latency_p50_ms else "-" for r in reports),
+        )
+    console.print(latency)
+    failures = Table("failure (wrong answers)", *names, title="failure taxonomy (Answer-F1 < 0.5)")
+    for t in TAXONOMY:
+        failures.add_row(t, *(str(r.taxonomy[t]) for r in reports))
+    failures.add_row("wrong / all", *(f"{r.wrong} / {r.questions}" for r in reports))
+    if any(r.errors for r in reports):
+        failures.add_row("errors", *(str(r.errors) for r in reports))
+    console.print(failures)
+
+
+@eval_app.command("answers")
+@handle_errors
+def eval_answers(
+    questions: Annotated[
+        Path | None, typer.Option(help="QASPER questions JSON, either format (default: validation).")
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option(help="A stratified sample of N questions (by answer kind, fixed seed).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the stratified sample.")] = 0,
+    configs: Annotated[
+        str, typer.Option(help=f"Comma-separated subset of: {', '.join(CONFIGS)}.")
+    ] = ",".join(CONFIGS),
+    llm: Annotated[
+        str | None,
+        typer.Option("--llm", help="PROVIDER[:MODEL]: llama-cpp, openai or extractive (default: settings)."),
+    ] = None,
+    scope: Annotated[
+        str, typer.Option(help="library (title in front of the question) or paper.")
+    ] = "library",
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the summary as JSON.")] = None,
+    traces: Annotated[
+        Path | None, typer.Option(help="Write one JSON line per question and configuration here.")
+    ] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write the grouped bar chart (PNG) here.")] = None,
+) -> None:
+    """Answer-F1 (official QASPER), Evidence-F1, abstention on unanswerable and answering on answerable
+    questions, citation validity, claim support and latency, with 95% bootstrap CIs and a failure
+    taxonomy, for: naive RAG (dense top 5 -> LLM), extractive, full agent, without verifier, one pass."""
+    from arag.agent import build_agent
+    from arag.eval.answers import (
+        RecordingBackend,
+        load_answer_questions,
+        score_answer,
+        strata,
+        stratified_sample,
+        summarize,
+    )
+    from arag.eval.naive import NaiveRAG
+    from arag.eval.retrieval import default_questions_path, library_query
+    from arag.library.manage import load_resolver, open_for_search
+    from arag.models.reranker import get_reranker
+    from arag.retrieval.hybrid import HybridRetriever
+    from arag.retrieval.pipeline import make_retriever
+
+    if scope not in ("library", "paper"):
+        raise InputError(f"unknown scope {scope!r}", where="--scope", fix="use library or paper")
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit must be at least 1, got {limit}", where="--limit", fix="pass N >= 1")
+    chosen = parse_configs(configs)
+    settings = with_llm(load_settings(), llm)
+    qpath = questions or default_questions_path()
+    everything, no_annotations = load_answer_questions(qpath)
+    qs = stratified_sample(everything, limit, seed=seed) if limit is not None else everything
+    if not qs:
+        raise InputError("the questions file has no annotated question", where=str(qpath), fix="pass another")
+    per_kind = strata(qs)
+    sample = f"stratified sample (seed {seed}) of {len(everything)}" if len(qs) < len(everything) else "all"
+    console.print(
+        f"{len(qs)} questions ({sample}): " + ", ".join(f"{k} {n}" for k, n in per_kind.items()),
+        highlight=False,
+        soft_wrap=True,
+    )
+    model = _make_llm(settings) if any(c in NEEDS_LLM for c in chosen) else None
+    skipped: dict[str, str] = {}
+    for c in chosen:
+        if c in NEEDS_LLM and model is None:
+            skipped[c] = (
+                f"needs an LLM, and the LLM provider is {settings.llm.provider} "
+                "(pass --llm llama-cpp or --llm openai)"
+            )
+            console.print(f"[yellow]skipped {c}:[/] {skipped[c]}", highlight=False, soft_wrap=True)
+    runnable = [c for c in chosen if c not in skipped]
+    if not runnable:
+        raise InputError(
+            "no chosen configuration can run without an LLM",
+            where="--configs / --llm",
+            fix="add extractive to --configs, or pass --llm llama-cpp",
+        )
+    store, embedder = open_for_search(settings)
+    reports: list[ConfigReport] = []
+    if traces:
+        traces.parent.mkdir(parents=True, exist_ok=True)
+    out = traces.open("w") if traces else None
+    try:
+        hybrid = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
+        reranker = get_reranker(settings)  # loaded once, shared by every configuration
+        backend = RecordingBackend(make_retriever(settings, store, hybrid, reranker))
+        runners: dict[str, Runner] = {}
+        described: dict[str, dict[str, Any]] = {}
+        llm_name = model.name if model is not None else None
+        for c in runnable:
+            if c == "naive":
+                assert model is not None  # LLM configurations without one were skipped
+                naive = NaiveRAG(
+                    store,
+                    embedder,
+                    model,
+                    max_answer_tokens=settings.llm.max_answer_tokens,
+                    book=backend.chunks,
+                )
+                runners[c] = naive.run
+                described[c] = {"llm": llm_name, "retrieval": f"dense top {naive.k}", "verifier": "none"}
+                continue
+            s = settings
+            if c == "one-pass":
+                s = settings.model_copy(
+                    update={"agent": settings.agent.model_copy(update={"max_retries": 0})}
+                )
+            agent = build_agent(
+                s,
+                backend,
+                None if c == "extractive" else model,
+                support=AcceptAllSupport() if c == "no-verifier" else None,
+            )
+            runners[c] = agent.run
+            described[c] = {
+                "llm": None if c == "extractive" else llm_name,
+                "reranker": reranker.name,
+                "max_retries": s.agent.max_retries,
+                "verifier": "off (claims accepted)" if c == "no-verifier" else agent.deps.support.name,
+                "llm_checks": agent.deps.llm_checks,
+            }
+        for c in runnable:
+            rows = []
+            with build_progress(c, unit="questions") as bar:
+                bar.start(len(qs))
+                for q in qs:
+                    if scope == "paper":
+                        query, flt = q.question, SearchFilter(paper_ids=[q.paper_id])
+                    else:
+                        query, flt = library_query(q), None
+                    error = None
+                    try:
+                        answer = runners[c](query, flt)
+                    except AragError as exc:
+                        error = str(exc)
+                        answer = Answer(
+                            question=query, short_answer="", text="", route="research", mode="llm"
+                        )
+                    row = score_answer(
+                        c,
+                        q,
+                        answer,
+                        backend.chunks,
+                        support_threshold=settings.agent.support_threshold,
+                        error=error,
+                    )
+                    rows.append(row)
+                    if out is not None:
+                        out.write(row.model_dump_json() + "\n")
+                        out.flush()
+                    bar.advance(1)
+            reports.append(summarize(c, rows, qs, settings=described[c]))
+    finally:
+        store.close()
+        if out is not None:
+            out.close()
+    print_reports(reports)
+    if json_out:
+        summary = {
+            "questions_file": str(qpath),
+            "questions": len(qs),
+            "questions_in_file": len(everything),
+            "without_annotations": no_annotations,
+            "sampled": len(qs) < len(everything),
+            "seed": seed,
+            "strata": per_kind,
+            "scope": scope,
+            "llm": model.name if model is not None else None,
+            "llm_provider": settings.llm.provider,
+            "skipped": skipped,
+            "configs": [r.model_dump() for r in reports],
+        }
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(summary, indent=2))
+    if plot:
+        from arag.eval.answers import plot_answers
+
+        console.print(f"chart: {plot_answers(reports, plot)}")
