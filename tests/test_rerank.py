@@ -113,9 +113,12 @@ def _fused(*chunks: Chunk) -> list[ScoredChunk]:
 class ScriptedReranker:
     """A fake reranker: preset scores by passage text (as the cross-encoder reads it)."""
 
-    def __init__(self, scores: dict[str, float], bars: Bars | None, name: str = "scripted") -> None:
+    def __init__(
+        self, scores: dict[str, float], bars: Bars | None, name: str = "scripted", fusion_weight: float = 0.0
+    ) -> None:
         self.name = name
         self.bars = bars
+        self.fusion_weight = fusion_weight
         self.table = scores
         self.calls: list[tuple[str, list[str]]] = []
 
@@ -129,6 +132,7 @@ class FusedOrderReranker:
 
     name = "fused-order"
     bars: Bars | None = None
+    fusion_weight = 0.0
 
     def score(self, query: str, passages: Sequence[str]) -> np.ndarray:
         return -np.arange(len(passages), dtype=np.float32)
@@ -502,3 +506,47 @@ def test_store_get_vectors_returns_the_stored_vectors(lib: Settings) -> None:
     assert got.shape == (7, embedder.dim) and got.dtype == np.float32
     np.testing.assert_allclose(got[:6], np.asarray(want), atol=1e-5)
     assert not got[6].any()
+
+
+# --- fusion weight -------------------------------------------------------------------------------
+
+
+def test_combine_adds_the_weighted_log_rank_prior() -> None:
+    from arag.retrieval.rerank import combine
+
+    assert combine([1.0, 1.0, 0.5], [1, 2, 4], 0.0) == [1.0, 1.0, 0.5]
+    got = combine([1.0, 1.0, 0.5], [1, 2, 4], 0.5)
+    assert got == pytest.approx([1.0, 1.0 - 0.5 * math.log(2), 0.5 - 0.5 * math.log(4)])
+
+
+def test_fit_fusion_weight_keeps_the_fused_order_when_the_model_is_noise() -> None:
+    from arag.train.calibrate import fit_fusion_weight
+
+    # Gold at fused rank 1 everywhere; the model scores prefer rank 3 by a little: a weight large enough
+    # to restore rank 1 wins, and the smallest such grid value is chosen (ties keep the first).
+    cands = [
+        Candidates(
+            question_id=f"q{i}",
+            query="q",
+            texts=["a", "b", "c", "d"],
+            paper_ids=["P"] * 4,
+            gold_paper="P",
+            hits=[[0], [], [], []],
+            n_gold=1,
+        )
+        for i in range(4)
+    ]
+    scores = [np.asarray([0.0, 0.0, 0.2, 0.0]) for _ in cands]
+    w, fit = fit_fusion_weight(cands, scores, grid=(0.0, 0.1, 0.2, 0.5))
+    # 0.2 > w * ln 3 needs w > 0.182: 0.2 is the first grid value that puts the gold first.
+    assert w == 0.2 and fit["ndcg@10"] == pytest.approx(1.0) and fit["ndcg@10_two_fold"] == pytest.approx(1.0)
+
+
+def test_rerank_stage_final_score_keeps_part_of_the_fused_order() -> None:
+    fused = _fused(_chunk("a", "P1", "a"), _chunk("b", "P1", "b"), _chunk("c", "P2", "c"))
+    # The model prefers c (rank 3) by 0.5; with weight 1, c loses ln 3 = 1.10 and a wins.
+    model = ScriptedReranker({"a": 0.0, "b": -1.0, "c": 0.5}, None, fusion_weight=1.0)
+    r = RerankStage(model, RerankSettings()).run("q", fused)
+    assert [c.chunk.id for c in r.ranked] == ["a", "c", "b"]
+    assert [c.rerank_score for c in r.ranked] == [0.0, 0.5, -1.0]  # the raw model scores stay visible
+    assert r.ranked[1].score == pytest.approx(0.5 - math.log(3))

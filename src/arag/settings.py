@@ -116,6 +116,8 @@ class RerankSettings(BaseModel):
     # None: the bars calibrated on QASPER validation and recorded in the model card.
     lower_bar: float | None = None
     upper_bar: float | None = None
+    # Weight of the fused rank in the final score (score + w * -ln rank); None: the model card's.
+    fusion_weight: float | None = None
     mmr: bool = False
     mmr_lambda: float = 0.7
     # An arXiv manifest whose canonical papers get their rerank score floored at the lower bar.

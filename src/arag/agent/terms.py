@@ -14,7 +14,10 @@ _GENERIC_TEXT = """
     paper papers author authors work works approach approaches method methods propose proposed use used
     uses using describe explain compare comparison difference differences different mention mentioned
     discuss study present presented show shown result results tell give list example kind type way ways
-    main also well much many know please would like question questions answer yes"""
+    main also well much many know please would like question questions answer yes
+    finding findings contribution contributions conclusion conclusions key novel novelty idea ideas
+    goal goals aim aims purpose overall summary summarize summarise takeaway takeaways outcome outcomes
+    primary core address addresses addressed focus"""
 GENERIC: frozenset[str] = frozenset(tokenize(_GENERIC_TEXT))
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9'\-]*|\d+(?:\.\d+)?")

@@ -35,11 +35,12 @@ app.add_typer(library_app, name="library")
 
 def _register_subapps() -> None:
     from arag.bench.cli import bench_app
+    from arag.cli.ask import register as register_ask
     from arag.cli.corpus import corpus_app
     from arag.cli.train import train_app
     from arag.eval.cli import eval_app
 
-    __import__("arag.cli.ask", fromlist=["register"]).register(app)
+    register_ask(app)
     app.add_typer(
         corpus_app, name="corpus", help="Select papers from arXiv into a manifest and fetch their PDFs."
     )

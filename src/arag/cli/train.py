@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from arag.cli.common import build_progress, console, handle_errors, load_settings
+from arag.models.reranker import ModelCard
 
 train_app = typer.Typer(no_args_is_help=True)
 
@@ -30,6 +31,8 @@ def train_reranker_cmd(
     layers: Annotated[int, typer.Option(help="MiniLM layers kept (1-6): fewer is faster.")] = 2,
     max_length: Annotated[int, typer.Option(help="Word-pieces per (question, passage) pair.")] = 192,
     epochs: Annotated[float, typer.Option(help="Passes over the training questions.")] = 1.0,
+    lr: Annotated[float, typer.Option(help="Learning rate of the MiniLM layers.")] = 1e-4,
+    head_lr: Annotated[float, typer.Option(help="Learning rate of the scoring head.")] = 3e-3,
     seed: Annotated[int, typer.Option(help="Seed for sampling and initialisation.")] = 0,
     quantize: Annotated[
         str, typer.Option(help="auto (int8 if it holds validation nDCG), int8 or fp32.")
@@ -37,6 +40,12 @@ def train_reranker_cmd(
     train_limit: Annotated[int | None, typer.Option(help="Only the first N training questions.")] = None,
     val_limit: Annotated[int | None, typer.Option(help="Only the first N validation questions.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Retrain even if a model is installed.")] = False,
+    recalibrate: Annotated[
+        bool,
+        typer.Option(
+            "--recalibrate", help="Refit the installed model's fusion weight and bars; no training."
+        ),
+    ] = False,
 ) -> None:
     """Fine-tune the cross-encoder reranker from the packaged MiniLM weights on QASPER train, export it
     to ONNX, calibrate its bars on validation and install it with a model card."""
@@ -47,12 +56,26 @@ def train_reranker_cmd(
 
     settings = load_settings()
     target = settings.reranker_dir
+    if recalibrate:
+        from arag.train.pipeline import recalibrate as refit
+
+        card = refit(settings, validation or _qasper("questions_validation.json"), progress=build_progress)
+        _report(card, f"recalibrated {target}")
+        return
     if (target / CARD_FILE).is_file() and not force:
         console.print(f"a trained reranker is installed in {target}: --force retrains it")
         return
     if quantize not in ("auto", "int8", "fp32"):
         raise InputError(f"unknown --quantize {quantize!r}", where="--quantize", fix="use auto, int8 or fp32")
-    cfg = TrainConfig(layers=layers, max_length=max_length, epochs=epochs, seed=seed, quantize=quantize)  # type: ignore[arg-type]
+    cfg = TrainConfig(
+        layers=layers,
+        max_length=max_length,
+        epochs=epochs,
+        lr=lr,
+        head_lr=head_lr,
+        seed=seed,
+        quantize=quantize,  # type: ignore[arg-type]
+    )
     card = train_reranker(
         settings,
         cfg,
@@ -62,18 +85,27 @@ def train_reranker_cmd(
         val_limit=val_limit,
         progress=build_progress,
     )
+    t = card.training
+    _report(
+        card,
+        f"installed {card.validation['chosen']} in {target}; trained {t['steps']} steps ({t['pairs']} pairs) "
+        f"in {t['seconds']:.0f} s; whole run {card.calibration['total_seconds']:.0f} s",
+    )
+
+
+def _report(card: ModelCard, headline: str) -> None:
     v = card.validation
     table = Table("", "Recall@10", "nDCG@10", "MRR@10", title=f"{card.model_id}: QASPER validation")
-    for name in ("fused_order", "fp32", "int8"):
-        m = v[name]
-        table.add_row(name, f"{m['recall@10']:.3f}", f"{m['ndcg@10']:.3f}", f"{m['mrr@10']:.3f}")
+    for name in ("fused_order", "fp32", "int8", "final"):
+        if name in v:
+            m = v[name]
+            table.add_row(name, f"{m['recall@10']:.3f}", f"{m['ndcg@10']:.3f}", f"{m['mrr@10']:.3f}")
     console.print(table)
-    t = card.training
     bars = f"bars lower {card.bars.lower:.3f} / upper {card.bars.upper:.3f}" if card.bars else "no bars"
+    ms = v.get("median_ms_per_list", {}).get(v.get("chosen", ""), float("nan"))
     console.print(
-        f"installed {v['chosen']} in {target}; trained {t['steps']} steps ({t['pairs']} pairs) in "
-        f"{t['seconds']:.0f} s; whole run {card.calibration['total_seconds']:.0f} s; "
-        f"{v['median_ms_per_list'][v['chosen']]:.1f} ms per candidate list; {bars}",
+        f"{headline}; {ms:.1f} ms per candidate list; fusion weight {card.fusion_weight:.1f} "
+        f"(final nDCG@10 two-fold {v.get('final_ndcg@10_two_fold', float('nan')):.3f}); {bars}",
         soft_wrap=True,
     )
-    console.print(json.dumps(v["kept_set"]), soft_wrap=True)
+    console.print("kept set on validation: " + json.dumps(v.get("kept_set", {})), soft_wrap=True)

@@ -59,6 +59,9 @@ class ModelCard(BaseModel):
     training: dict[str, Any] = Field(default_factory=dict)
     validation: dict[str, Any] = Field(default_factory=dict)
     bars: Bars | None = None
+    # The final score is model score + fusion_weight * -ln(fused rank): how much the hybrid
+    # search's own ranking still counts after reranking (fit on QASPER validation; 0: none).
+    fusion_weight: float = 0.0
     calibration: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -75,6 +78,7 @@ class Reranker(Protocol):
 
     name: str
     bars: Bars | None
+    fusion_weight: float
 
     def score(self, query: str, passages: Sequence[str]) -> np.ndarray:
         """One float per passage."""
@@ -86,6 +90,7 @@ class IdentityReranker:
 
     name = "none"
     bars: Bars | None = None
+    fusion_weight = 0.0
 
     def score(self, query: str, passages: Sequence[str]) -> np.ndarray:
         return -np.arange(len(passages), dtype=np.float32)
@@ -171,6 +176,7 @@ class OnnxReranker:
             )
         self.name = f"trained:{self.card.model_id}"
         self.bars: Bars | None = self.card.bars
+        self.fusion_weight = self.card.fusion_weight
         self.max_length = max_length or self.card.max_length
         self._tok = load_pair_tokenizer(self.max_length)
         self._lock = threading.Lock()  # tokenizers' padding state is per object
@@ -221,6 +227,7 @@ class HubCrossEncoder:
             ) from exc
         self.name = f"cross-encoder:{model}"
         self.bars: Bars | None = None
+        self.fusion_weight = 0.0
 
     def score(self, query: str, passages: Sequence[str]) -> np.ndarray:
         if not passages:
@@ -241,6 +248,8 @@ def get_reranker(settings: Settings) -> Reranker:
         reranker = HubCrossEncoder(rs.model, threads=rs.threads, max_length=rs.max_length)
     else:  # pragma: no cover - pydantic rejects other values
         raise ConfigError(f"unknown reranker {rs.provider!r}", where="ARAG_RERANK__PROVIDER", fix="")
+    if rs.fusion_weight is not None:
+        reranker.fusion_weight = rs.fusion_weight
     if rs.lower_bar is not None or rs.upper_bar is not None:
         base = reranker.bars
         lower = rs.lower_bar if rs.lower_bar is not None else (base.lower if base else None)

@@ -1,6 +1,8 @@
 """Reranking the fused candidates, and deciding which of them are kept as evidence.
 
 The rules (pure functions, unit-tested):
+- Final score: the model's score plus ``fusion_weight * -ln(fused rank)`` (the weight is fit on
+  QASPER validation and stored in the model card; 0 means the model alone orders).
 - Canonical floor: a chunk of a canonical paper that the fusion put in its top ``supported_rank``
   has its score raised to the lower bar, never lowered, so a small model cannot drop it.
 - Bars: a candidate from fused ranks 1..``supported_rank`` is kept when it clears the lower bar;
@@ -13,6 +15,7 @@ The rules (pure functions, unit-tested):
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -64,6 +67,12 @@ def select_kept(
     return []
 
 
+def combine(scores: Sequence[float] | np.ndarray, fused_ranks: Sequence[int], weight: float) -> list[float]:
+    """The final score: the model's score plus ``weight * -ln(fused rank)``. A small cross-encoder is
+    noisy; the hybrid search's own order is strong evidence, and this keeps part of it."""
+    return [float(s) - weight * math.log(r) for s, r in zip(scores, fused_ranks, strict=True)]
+
+
 class RerankResult(BaseModel):
     """The candidates in reranked order, the ones kept as evidence, and the time the model took."""
 
@@ -110,7 +119,7 @@ class RerankStage:
             scores = [h.score for h in fused]
             raised = [False] * len(fused)
         else:
-            scores = [float(x) for x in raw]
+            scores = combine(raw, ranks, self.reranker.fusion_weight)
             raised = [False] * len(fused)
             bars = self.reranker.bars
             if bars is not None and self.canonical:
