@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,15 @@ import pytest
 from arag.corpus.qasper import load_qasper
 from arag.records import Paper
 from arag.settings import find_shared_dir
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _lexical_support() -> Iterator[None]:
+    """Claims are checked lexically unless a test says otherwise: the default verifier is the model
+    `arag train support` builds, which no test library has. Session-wide, so module fixtures see it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ARAG_AGENT__SUPPORT", "lexical")
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -258,7 +258,13 @@ def test_llm_core_answer_unsupported_abstains(lib: Settings, retriever: Retrieve
 
 def test_hosted_llm_checks_with_grader_and_judge(lib: Settings, retriever: Retriever) -> None:
     llm = scripted()
-    hosted = lib.model_copy(update={"llm": lib.llm.model_copy(update={"provider": "openai"})})
+    # auto: the LLM judge checks the claims when LLM checks are on (a hosted model).
+    hosted = lib.model_copy(
+        update={
+            "llm": lib.llm.model_copy(update={"provider": "openai"}),
+            "agent": lib.agent.model_copy(update={"support": "auto"}),
+        }
+    )
     agent = build_agent(hosted, retriever, llm)
     a = agent.run("Compare the ontology induction and the paraphrase generation")
     assert not a.abstained and a.dropped_claims == 1 and "Quokkas" not in a.text

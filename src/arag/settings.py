@@ -180,9 +180,15 @@ class AgentSettings(BaseModel):
     # LLM checks (the grader's sufficiency check, the LLM-judge verifier): auto = only with a hosted
     # (openai) model; a 1.5B local model is too unreliable a judge to be worth its latency.
     llm_checks: Literal["auto", "on", "off"] = "auto"
-    # Claim support: lexical (content-word overlap baseline), llm-judge, or auto (judge with LLM checks).
-    support: Literal["auto", "lexical", "llm-judge"] = "auto"
+    # Claim support: trained (the cross-encoder `arag train support` builds; its calibrated threshold is
+    # in its card), lexical (content-word overlap baseline), llm-judge, nli (a sentence-transformers
+    # NLI cross-encoder, support_model), or auto: the LLM judge with LLM checks, else trained.
+    support: Literal["auto", "trained", "lexical", "llm-judge", "nli"] = "auto"
+    # The lexical and nli scorers' threshold.
     support_threshold: float = 0.5
+    support_model: str = "cross-encoder/nli-deberta-v3-base"
+    # The trained support model's folder; default <data_dir>/models/support.
+    support_path: Path | None = None
     # Share of the question's key terms the kept passages must hold: below min_coverage the context
     # is partial, below unrelated_coverage the question is off the library's topics.
     min_coverage: float = 0.6
@@ -281,6 +287,10 @@ class Settings(BaseSettings):
     @property
     def reranker_dir(self) -> Path:
         return self.rerank.path or self.data_dir / "models" / "reranker"
+
+    @property
+    def support_dir(self) -> Path:
+        return self.agent.support_path or self.data_dir / "models" / "support"
 
 
 def config_path() -> Path | None:

@@ -26,7 +26,13 @@ from arag.agent.reformulator import make_reformulate_edge, make_reformulator
 from arag.agent.retrieve import make_retriever
 from arag.agent.router import make_about, make_direct, make_router, route_edge
 from arag.agent.state import AgentState, Step
-from arag.agent.support import LexicalSupport, LLMJudgeSupport, SupportScorer
+from arag.agent.support import (
+    CrossEncoderSupport,
+    HubNLISupport,
+    LexicalSupport,
+    LLMJudgeSupport,
+    SupportScorer,
+)
 from arag.agent.synthesizer import make_synthesizer
 from arag.agent.verifier import make_verifier
 from arag.errors import InputError
@@ -168,11 +174,21 @@ def validate_question(question: str) -> str:
 
 
 def make_support(settings: Settings, llm: LLM | None, llm_checks: bool) -> SupportScorer:
-    """The configured claim-support scorer."""
+    """The configured claim-support scorer: ``auto`` is the LLM judge when LLM checks are on, else the
+    trained cross-encoder; ``llm-judge`` without an LLM (the extractive provider) is the trained one
+    too. The trained model is not replaced by another when it is missing: a ModelError says how to
+    train it."""
     a = settings.agent
-    if llm is not None and (a.support == "llm-judge" or (a.support == "auto" and llm_checks)):
+    choice = a.support
+    if choice == "auto":
+        choice = "llm-judge" if llm is not None and llm_checks else "trained"
+    if choice == "llm-judge" and llm is not None:
         return LLMJudgeSupport(llm)
-    return LexicalSupport(a.support_threshold)
+    if choice == "lexical":
+        return LexicalSupport(a.support_threshold)
+    if choice == "nli":
+        return HubNLISupport(a.support_model, a.support_threshold, threads=settings.threads)
+    return CrossEncoderSupport(settings.support_dir, threads=settings.threads)
 
 
 def build_agent(

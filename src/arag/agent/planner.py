@@ -63,9 +63,14 @@ def split_lead(question: str) -> tuple[str, str]:
     return m.group(0), question[m.end() :].strip()
 
 
+# A quoted span is a title or a term, never a second question: "... of 'Ontology and parsing'".
+_QUOTED_SPAN = re.compile(r"[\"“‘']([^\"“”‘’]{3,200}?)[\"”’']")
+
+
 def looks_compound(question: str) -> bool:
     """Cheap test for whether decomposition could help (the LLM is asked only then)."""
     _, body = split_lead(question)
+    body = _QUOTED_SPAN.sub("TITLE", body)
     return body.count("?") > 1 or _COMPOUND_CUES.search(body) is not None
 
 

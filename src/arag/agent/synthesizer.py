@@ -128,6 +128,10 @@ def check_llm_draft(
     """The LLM's reply made safe: valid citations only, a normalised short answer of the right type
     (a pure function of the reply)."""
     short_raw, explanation = parse_reply(raw)
+    if not explanation.strip() and len(short_raw.split()) > 6:
+        # Small models often put the whole answer on the short-answer line: it is the explanation too,
+        # so the verifier has a claim to check.
+        explanation = short_raw
     explanation, removed = clean_citations(strip_placeholders(explanation), range(1, len(passages) + 1))
     explanation = " ".join(explanation.split())
     short = normalize_short_answer(short_raw, answer_type)

@@ -82,6 +82,36 @@ def score_all(
     return out, statistics.median(times) if times else 0.0
 
 
+def check_export(
+    net: Any, model: OnnxReranker, query: str, texts: Sequence[str], max_length: int, *, where: Path
+) -> None:
+    """A ModelError unless the exported ``model`` scores ``texts`` (and a short passage) as ``net`` does."""
+    # A long and a short passage in one batch: the check covers truncation and padding.
+    texts = [*texts, "A short passage."]
+    ref = torch_scores(net, query, texts, max_length)
+    got = model.score(query, texts)
+    if float(np.max(np.abs(ref - got))) > EXPORT_TOLERANCE:
+        raise ModelError(
+            f"the ONNX export differs from the PyTorch model by {np.max(np.abs(ref - got)):.4g}",
+            where=str(where),
+            fix="report this as a bug; the PyTorch model is not installed",
+        )
+
+
+def install_model(work: Path, out_dir: Path, card: ModelCard) -> None:
+    """Write ``card`` into ``work`` (which holds model.onnx) and put ``work`` in ``out_dir``'s place:
+    renames only, so a crash leaves the previous model (or none), never half of one."""
+    (work / CARD_FILE).write_text(card.model_dump_json(indent=2))
+    old = out_dir.with_name(out_dir.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if out_dir.exists():
+        out_dir.rename(old)
+    work.rename(out_dir)
+    if old.exists():
+        shutil.rmtree(old)
+
+
 class Calibration(BaseModel):
     """The fusion weight and bars fit on validation, with the figures they give."""
 
@@ -155,12 +185,14 @@ def recalibrate(settings: Settings, val_path: Path, *, progress: ProgressFactory
     return card
 
 
-def _in_library(qs: list[EvalQuestion], papers: set[str], what: str) -> list[EvalQuestion]:
+def _in_library(
+    qs: list[EvalQuestion], papers: set[str], what: str, where: str = "arag train reranker"
+) -> list[EvalQuestion]:
     kept = [q for q in qs if q.paper_id in papers]
     if not kept:
         raise ModelError(
             f"none of the {len(qs)} {what} questions' papers is in the library",
-            where="arag train reranker",
+            where=where,
             fix="build the full QASPER library first: arag library build",
         )
     if len(kept) < 0.9 * len(qs):
@@ -246,17 +278,7 @@ def train_reranker(
         for name, path in (("fp32", fp32), ("int8", int8)):
             model = OnnxReranker(work, threads=cfg.threads, card=draft, model_file=path)
             if name == "fp32":
-                # A long and a short passage in one batch: the check covers truncation and padding.
-                sample = val[0]
-                texts = [*sample.texts[:4], "A short passage."]
-                ref = torch_scores(net, sample.query, texts, cfg.max_length)
-                got = model.score(sample.query, texts)
-                if float(np.max(np.abs(ref - got))) > EXPORT_TOLERANCE:
-                    raise ModelError(
-                        f"the ONNX export differs from the PyTorch model by {np.max(np.abs(ref - got)):.4g}",
-                        where=str(fp32),
-                        fix="report this as a bug; the PyTorch model is not installed",
-                    )
+                check_export(net, model, val[0].query, val[0].texts[:4], cfg.max_length, where=fp32)
             with progress(f"validating {name}", "questions") as bar:
                 bar.start(len(val))
                 scores, ms = score_all(model, val, bar.advance)
@@ -305,15 +327,7 @@ def train_reranker(
             fusion_weight=calib.fusion_weight,
             calibration={**calib.calibration, "total_seconds": round(time.perf_counter() - t_start, 1)},
         )
-        (work / CARD_FILE).write_text(card.model_dump_json(indent=2))
-        old = out_dir.with_name(out_dir.name + ".old")
-        if old.exists():
-            shutil.rmtree(old)
-        if out_dir.exists():
-            out_dir.rename(old)
-        work.rename(out_dir)
-        if old.exists():
-            shutil.rmtree(old)
+        install_model(work, out_dir, card)
     finally:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
