@@ -559,10 +559,10 @@ def test_build_context_numbers_prunes_and_budgets() -> None:
 
 
 def test_context_budget_follows_the_llm_window() -> None:
-    assert context_budget(_deps()) == 1500
-    small = ScriptedLLM([], context_tokens=2048)
-    assert context_budget(_deps(small)) == 2048 - 320 - 400
-    assert context_budget(_deps(ScriptedLLM([], context_tokens=8192))) == 1500
+    assert context_budget(_deps()) == 900
+    small = ScriptedLLM([], context_tokens=1536)
+    assert context_budget(_deps(small)) == 1536 - 320 - 400
+    assert context_budget(_deps(ScriptedLLM([], context_tokens=8192))) == 900
 
 
 # --- synthesizer -------------------------------------------------------------------------------

@@ -127,6 +127,7 @@ def bench_reranker(
         "max length",
         "nDCG@10",
         "Recall@10",
+        "nDCG@10, model alone",
         "median ms / list",
         "p90 ms",
         title=f"{r.model} (trained at {r.trained_max_length}) on {r.questions} validation lists of "
@@ -138,6 +139,7 @@ def bench_reranker(
             str(run.max_length),
             f"{run.ndcg10:.3f}",
             f"{run.recall10:.3f}",
+            f"{run.model_ndcg10:.3f}",
             f"{run.median_ms:.1f}",
             f"{run.p90_ms:.1f}",
         )

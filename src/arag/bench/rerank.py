@@ -16,8 +16,10 @@ from arag.settings import Settings
 
 class LengthRun(BaseModel):
     max_length: int
+    # The final score (model + fusion weight * -ln rank), as search ranks; and the model alone.
     ndcg10: float
     recall10: float
+    model_ndcg10: float
     median_ms: float
     p90_ms: float
 
@@ -46,7 +48,7 @@ def run_rerank_bench(
     from arag.library.manage import load_resolver, open_for_search
     from arag.models.reranker import OnnxReranker
     from arag.retrieval.hybrid import HybridRetriever
-    from arag.train.calibrate import rank_metrics
+    from arag.train.calibrate import combined_scores, rank_metrics
     from arag.train.data import candidates_for
 
     qs = load_questions(questions_path, limit=limit)
@@ -73,12 +75,14 @@ def run_rerank_bench(
             times.append(1000 * (time.perf_counter() - t0))
             if progress:
                 progress(1)
-        m = rank_metrics(cands, scores)
+        m = rank_metrics(cands, combined_scores(scores, model.fusion_weight))
+        alone = rank_metrics(cands, scores)
         runs.append(
             LengthRun(
                 max_length=length,
                 ndcg10=m["ndcg@10"],
                 recall10=m["recall@10"],
+                model_ndcg10=alone["ndcg@10"],
                 median_ms=statistics.median(times),
                 p90_ms=float(np.quantile(times, 0.9)),
             )

@@ -31,6 +31,9 @@ def train_reranker_cmd(
     layers: Annotated[int, typer.Option(help="MiniLM layers kept (1-6): fewer is faster.")] = 2,
     max_length: Annotated[int, typer.Option(help="Word-pieces per (question, passage) pair.")] = 160,
     epochs: Annotated[float, typer.Option(help="Passes over the training questions.")] = 1.5,
+    inference_max_length: Annotated[
+        int, typer.Option(help="Word-pieces per pair at query time (shorter is faster; see bench reranker).")
+    ] = 128,
     lr: Annotated[float, typer.Option(help="Learning rate of the MiniLM layers.")] = 1e-4,
     head_lr: Annotated[float, typer.Option(help="Learning rate of the scoring head.")] = 3e-3,
     seed: Annotated[int, typer.Option(help="Seed for sampling and initialisation.")] = 0,
@@ -70,6 +73,7 @@ def train_reranker_cmd(
     cfg = TrainConfig(
         layers=layers,
         max_length=max_length,
+        inference_max_length=inference_max_length,
         epochs=epochs,
         lr=lr,
         head_lr=head_lr,

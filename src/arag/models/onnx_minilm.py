@@ -134,6 +134,9 @@ def session_options(threads: int) -> ort.SessionOptions:
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Idle worker threads spin by default: on 2 cores they steal the next step's CPU (the embedder,
+    # the index, the reranker take turns within one query).
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return so
 
 

@@ -51,6 +51,8 @@ class ModelCard(BaseModel):
     base_model: str
     layers: int
     max_length: int
+    # Pairs are cut to this many word-pieces at query time (None: max_length, as trained).
+    inference_max_length: int | None = None
     quantized: bool
     onnx_sha256: str
     created: str
@@ -177,7 +179,7 @@ class OnnxReranker:
         self.name = f"trained:{self.card.model_id}"
         self.bars: Bars | None = self.card.bars
         self.fusion_weight = self.card.fusion_weight
-        self.max_length = max_length or self.card.max_length
+        self.max_length = max_length or self.card.inference_max_length or self.card.max_length
         self._tok = load_pair_tokenizer(self.max_length)
         self._lock = threading.Lock()  # tokenizers' padding state is per object
         try:

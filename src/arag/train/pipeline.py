@@ -153,7 +153,9 @@ def recalibrate(settings: Settings, val_path: Path, *, progress: ProgressFactory
     from arag.library.manage import load_resolver, open_for_search
     from arag.retrieval.hybrid import HybridRetriever
 
-    model = OnnxReranker(settings.reranker_dir, threads=settings.rerank.threads)
+    model = OnnxReranker(
+        settings.reranker_dir, threads=settings.rerank.threads, max_length=settings.rerank.max_length
+    )
     store, embedder = open_for_search(settings)
     try:
         val_qs = _in_library(load_questions(val_path), store.paper_ids(), "validation")
@@ -168,13 +170,21 @@ def recalibrate(settings: Settings, val_path: Path, *, progress: ProgressFactory
         store.close()
     with progress("scoring", "questions") as bar:
         bar.start(len(val))
-        scores, _ = score_all(model, val, bar.advance)
+        scores, ms = score_all(model, val, bar.advance)
     calib = calibrate(val, scores, settings)
     card = model.card.model_copy(
         update={
             "bars": calib.bars,
             "fusion_weight": calib.fusion_weight,
-            "validation": {**model.card.validation, **calib.validation},
+            "inference_max_length": model.max_length,
+            "validation": {
+                **model.card.validation,
+                **calib.validation,
+                "median_ms_per_list": {
+                    **model.card.validation.get("median_ms_per_list", {}),
+                    model.card.validation.get("chosen", "model"): round(ms, 1),
+                },
+            },
             "calibration": {**model.card.calibration, **calib.calibration},
         }
     )
@@ -276,9 +286,11 @@ def train_reranker(
         )
         runs = {}
         for name, path in (("fp32", fp32), ("int8", int8)):
-            model = OnnxReranker(work, threads=cfg.threads, card=draft, model_file=path)
+            model = OnnxReranker(
+                work, threads=cfg.threads, card=draft, model_file=path, max_length=cfg.inference_max_length
+            )
             if name == "fp32":
-                check_export(net, model, val[0].query, val[0].texts[:4], cfg.max_length, where=fp32)
+                check_export(net, model, val[0].query, val[0].texts[:4], model.max_length, where=fp32)
             with progress(f"validating {name}", "questions") as bar:
                 bar.start(len(val))
                 scores, ms = score_all(model, val, bar.advance)
@@ -298,6 +310,7 @@ def train_reranker(
             base_model=BASE_MODEL,
             layers=cfg.layers,
             max_length=cfg.max_length,
+            inference_max_length=cfg.inference_max_length,
             quantized=use_int8,
             onnx_sha256=digest,
             created=datetime.now(UTC).isoformat(timespec="seconds"),

@@ -39,6 +39,9 @@ class TrainConfig(BaseModel):
 
     layers: int = 2
     max_length: int = 160
+    # At query time pairs are cut shorter: on QASPER validation 128 word-pieces cost 0.002 nDCG@10
+    # against 160 and save ~13 ms per 25-candidate list (arag bench reranker).
+    inference_max_length: int | None = 128
     negatives: int = 7
     # Of each group's negatives, this many come from other papers (when the question has some).
     other_negatives: int = 2
