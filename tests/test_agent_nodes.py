@@ -21,6 +21,7 @@ from arag.agent.direct import arithmetic_expression, evaluate
 from arag.agent.grader import grade_evidence, make_grade_edge, make_grader
 from arag.agent.planner import looks_compound, make_planner, plan_rules, validate_llm_plan
 from arag.agent.reformulator import make_reformulate_edge, make_reformulator, reformulate_rules
+from arag.agent.retrieve import wants_abstract, with_abstract
 from arag.agent.router import make_about, make_direct, make_router, route_edge, route_rules
 from arag.agent.state import AgentState, ContextPassage, Draft, Evidence, Grade, QueryOutcome
 from arag.agent.support import LexicalSupport, LLMJudgeSupport, SupportScorer
@@ -29,7 +30,8 @@ from arag.agent.terms import cited_numbers, clean_citations, entities, is_placeh
 from arag.agent.verifier import abstain_text, make_verifier, verify_claims
 from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
-from arag.records import Chunk, PaperHit, SearchFilter
+from arag.records import Chunk, PaperHit, RankedChunk, SearchFilter
+from arag.retrieval.hybrid import HybridResult
 from arag.retrieval.pipeline import SearchResult
 from arag.retrieval.resolve import PaperRef
 from arag.settings import AgentSettings
@@ -728,3 +730,38 @@ def test_verifier_builds_the_answer_with_valid_citations() -> None:
     assert a.text == "It is trained on Wikipedia pages [1].\n\nNot found in the library's passages: sarcasm."
     assert [(c.n, c.chunk_id, c.supported, c.support) for c in a.citations] == [(1, PARSER.id, True, 1.0)]
     assert a.missing == ["sarcasm"]
+
+
+# --- the named paper's abstract for questions about the paper as a whole ------------------------
+
+
+def _ranked(cid: str, ctype: str) -> RankedChunk:
+    chunk = Chunk(
+        id=cid,
+        paper_id="A",
+        index=0,
+        title="Joint Learning",
+        type=ctype,
+        text=cid,
+        embed_text=cid,
+        n_tokens=1,
+    )
+    return RankedChunk(chunk=chunk, score=0.0, fused_rank=1, fused_score=0.0)
+
+
+def _result(resolved: PaperRef | None, kept: list[RankedChunk], ranked: list[RankedChunk]) -> SearchResult:
+    hybrid = HybridResult(fused=[], resolved=resolved, dense_abstracts=[], dense_passages=[], bm25=[])
+    return SearchResult(hybrid=hybrid, ranked=ranked, kept=kept, model="m", timings={})
+
+
+def test_a_question_about_the_paper_as_a_whole_gets_its_abstract() -> None:
+    ref = PaperRef(paper_id="A", title="Joint Learning", method="title", score=1.0, matched="joint learning")
+    p1, p2, ab = _ranked("p1", "passage"), _ranked("p2", "passage"), _ranked("ab", "abstract")
+    whole = "What is the main finding of the paper 'Joint Learning'?"
+    assert wants_abstract(whole, _result(ref, [p1], [p1, p2, ab]))
+    # A question with its own terms is searched on them; no paper named: nothing to add.
+    assert not wants_abstract("Which datasets does 'Joint Learning' use?", _result(ref, [p1], [p1]))
+    assert not wants_abstract("What is the main finding?", _result(None, [p1], [p1]))
+    assert with_abstract([p1], [p1, p2, ab]) == [ab, p1]
+    assert with_abstract([ab, p1], [p1, ab]) == [ab, p1]  # already kept: once
+    assert with_abstract([p1], [p1, p2]) == [p1]  # no abstract among the candidates

@@ -3,9 +3,11 @@ chunks no earlier query kept (deduplicated by chunk id), plus the papers closest
 
 from __future__ import annotations
 
+from arag.agent.answer_type import strip_lead
 from arag.agent.deps import AgentDeps
 from arag.agent.state import AgentState, Evidence, QueryOutcome, Step
-from arag.records import PaperHit
+from arag.agent.terms import key_terms
+from arag.records import PaperHit, RankedChunk, SearchFilter
 from arag.retrieval.pipeline import SearchResult
 
 # Ranked candidates per sub-query that count towards the closest papers.
@@ -23,6 +25,22 @@ def closest_papers(results: list[SearchResult], previous: list[PaperHit], k: int
     return sorted(best.values(), key=lambda p: (-p.score, p.paper_id))[:k]
 
 
+def wants_abstract(query: str, result: SearchResult) -> bool:
+    """Whether the question asks about its named paper as a whole ("what is the main finding of
+    '<title>'?": no key term beyond the title). The abstract answers such a question, and a passage
+    reranker has no terms to rank it by."""
+    resolved = result.hybrid.resolved
+    return resolved is not None and not key_terms(strip_lead(resolved.remainder(query)))
+
+
+def with_abstract(kept: list[RankedChunk], candidates: list[RankedChunk]) -> list[RankedChunk]:
+    """``kept`` with the first abstract among ``candidates`` in front (once)."""
+    abstract = next((c for c in candidates if c.chunk.type == "abstract"), None)
+    if abstract is None or any(c.chunk.id == abstract.chunk.id for c in kept):
+        return kept
+    return [abstract, *kept]
+
+
 def make_retriever(deps: AgentDeps):
     """The retriever node."""
     settings = deps.settings
@@ -32,12 +50,22 @@ def make_retriever(deps: AgentDeps):
         targets = list(state.get("pending_targets", queries))
         pass_index = state.get("passes", 0)
         results = deps.retriever.search_many(queries, state.get("flt"), concurrent=settings.concurrent)
+        kept_lists = [list(r.kept) for r in results]
+        for i, (query, r) in enumerate(zip(queries, results, strict=True)):
+            if wants_abstract(query, r):
+                resolved = r.hybrid.resolved
+                assert resolved is not None
+                candidates = list(r.ranked)
+                if not any(c.chunk.type == "abstract" for c in candidates):
+                    only = SearchFilter(paper_ids=[resolved.paper_id], types=["abstract"])
+                    candidates = deps.retriever.search_many([resolved.title], only)[0].ranked
+                kept_lists[i] = with_abstract(kept_lists[i], candidates)
         seen = {e.chunk.id for e in state.get("evidence", [])}
         evidence: list[Evidence] = []
         outcomes: list[QueryOutcome] = []
-        for query, target, r in zip(queries, targets, results, strict=True):
+        for query, target, kept_list in zip(queries, targets, kept_lists, strict=True):
             new = 0
-            for rank, c in enumerate(r.kept, start=1):
+            for rank, c in enumerate(kept_list, start=1):
                 if c.chunk.id in seen:
                     continue
                 seen.add(c.chunk.id)
@@ -57,9 +85,9 @@ def make_retriever(deps: AgentDeps):
                     query=query,
                     target=target,
                     pass_index=pass_index,
-                    kept=len(r.kept),
+                    kept=len(kept_list),
                     new=new,
-                    best_score=round(r.kept[0].score, 4) if r.kept else None,
+                    best_score=round(kept_list[0].score, 4) if kept_list else None,
                 )
             )
         resolved = next((r.hybrid.resolved for r in results if r.hybrid.resolved is not None), None)
