@@ -97,8 +97,8 @@ class Library:
             self._ids = frozenset(r.id for r in self._papers)
             self.resolver = PaperResolver([(r.id, r.title) for r in self._papers])
             hybrid = HybridRetriever(store, embedder, self.settings.retrieval, self.resolver)
-            self.retriever: Retriever = make_retriever(self.settings, store, hybrid, reranker)
             self.llm: LLM | None = llm if llm is not None else get_llm(self.settings, progress)
+            self.retriever: Retriever = make_retriever(self.settings, store, hybrid, reranker, llm=self.llm)
             self.agent: Agent = build_agent(self.settings, self.retriever, self.llm)
             self.chat_history = ChatHistory(chat_db(self.settings))
         except BaseException:

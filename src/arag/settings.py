@@ -95,6 +95,12 @@ class RetrievalSettings(BaseModel):
     bm25_k: int = 20
     fused_k: int = 25
     rrf_k: int = 60
+    # How a query is searched: as asked (plain); with LLM rewrites fused by RRF (multi-query); or with
+    # the vector of an LLM-written hypothetical answer passage for the dense searches (hyde). The last
+    # two need an LLM (ARAG_LLM__PROVIDER) and cost a generation per query, slow on a CPU.
+    strategy: Literal["plain", "multi-query", "hyde"] = "plain"
+    # multi-query: rewrites asked for (the question itself is always searched too).
+    variants: int = 3
 
 
 class RerankSettings(BaseModel):

@@ -254,7 +254,12 @@ def search_cmd(
     store, embedder = open_for_search(settings)
     try:
         hybrid = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
-        retriever = make_retriever(settings, store, hybrid, None if rerank else IdentityReranker())
+        llm = None
+        if settings.retrieval.strategy != "plain":
+            from arag.llm.factory import get_llm
+
+            llm = get_llm(settings)  # multi-query / HyDE write with the LLM
+        retriever = make_retriever(settings, store, hybrid, None if rerank else IdentityReranker(), llm=llm)
         result = retriever.search(query, flt)
     finally:
         store.close()
@@ -271,6 +276,10 @@ def search_cmd(
     elif explain:
         console.print("no paper named: searched the whole library", soft_wrap=True)
     if explain:
+        if result.expansion:
+            console.print(f"{settings.retrieval.strategy}: " + " | ".join(result.expansion), soft_wrap=True)
+        elif result.expansion_note:
+            console.print(f"{settings.retrieval.strategy}: {result.expansion_note}", soft_wrap=True)
         _explain_stages(result)
     kept = {c.chunk.id for c in result.kept}
     for i, h in enumerate(hits, 1):

@@ -208,7 +208,7 @@ def eval_answers(
     try:
         hybrid = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
         reranker = get_reranker(settings)  # loaded once, shared by every configuration
-        backend = RecordingBackend(make_retriever(settings, store, hybrid, reranker))
+        backend = RecordingBackend(make_retriever(settings, store, hybrid, reranker, llm=model))
         runners: dict[str, Runner] = {}
         described: dict[str, dict[str, Any]] = {}
         llm_name = model.name if model is not None else None

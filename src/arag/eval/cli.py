@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -12,11 +12,25 @@ from rich.table import Table
 from arag.cli.common import build_progress, console, handle_errors, load_settings
 from arag.errors import InputError
 from arag.records import ScoredChunk, SearchFilter
+from arag.settings import Settings
+
+if TYPE_CHECKING:
+    from arag.llm.base import LLM
 
 eval_app = typer.Typer(no_args_is_help=True)
 
 # The ablation, in one run over the same questions. The rerank rows rerank hybrid+resolve's list.
 METHODS = ("dense", "bm25", "hybrid", "hybrid+resolve", "+rerank", "+rerank+mmr")
+# Query strategies (hybrid+resolve with the strategy, then rerank): only when asked for in --methods,
+# since each needs an LLM and a generation per question (slow on a CPU).
+STRATEGY_METHODS = {"+multi-query": "multi-query", "+hyde": "hyde"}
+
+
+def _make_llm(settings: Settings) -> LLM | None:
+    """The configured LLM for the strategy rows (a seam tests replace with a scripted one)."""
+    from arag.llm.factory import get_llm
+
+    return get_llm(settings)
 
 
 @eval_app.command("retrieval")
@@ -28,13 +42,18 @@ def eval_retrieval(
     scope: Annotated[str, typer.Option(help="library, paper, or both.")] = "both",
     limit: Annotated[int | None, typer.Option(help="Only the first N questions.")] = None,
     methods: Annotated[
-        str, typer.Option(help=f"Comma-separated subset of: {', '.join(METHODS)}.")
+        str,
+        typer.Option(
+            help=f"Comma-separated subset of: {', '.join(METHODS)}; also "
+            f"{', '.join(STRATEGY_METHODS)} (need an LLM; not run unless named)."
+        ),
     ] = ",".join(METHODS),
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the reports as JSON.")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write the ablation bar chart (PNG) here.")] = None,
 ) -> None:
     """Evidence Recall@5/10/20, nDCG@10, MRR@10 and paper hit@5 with 95% bootstrap CIs, for the ablation
-    in one run: dense only, BM25 only, hybrid RRF, + paper resolution, + rerank, + rerank + MMR."""
+    in one run: dense only, BM25 only, hybrid RRF, + paper resolution, + rerank, + rerank + MMR; and, when
+    named, + multi-query or + HyDE (hybrid+resolve with that query strategy, then rerank; need an LLM)."""
     from arag.eval.retrieval import (
         Scope,
         count_skipped,
@@ -50,14 +69,25 @@ def eval_retrieval(
         raise InputError(f"unknown scope {scope!r}", where="--scope", fix="use library, paper or both")
     scopes: list[Scope] = ["library", "paper"] if scope == "both" else [scope]  # type: ignore[list-item]
     chosen = [m.strip() for m in methods.split(",") if m.strip()]
-    unknown = [m for m in chosen if m not in METHODS]
+    unknown = [m for m in chosen if m not in METHODS and m not in STRATEGY_METHODS]
     if unknown or not chosen:
         raise InputError(
             f"unknown method {unknown[0] if unknown else ''!r}",
             where="--methods",
-            fix=f"use {', '.join(METHODS)}",
+            fix=f"use {', '.join((*METHODS, *STRATEGY_METHODS))}",
         )
     settings = load_settings()
+    strategies = [m for m in chosen if m in STRATEGY_METHODS]
+    llm: LLM | None = None
+    # Before opening the library: the strategies cannot run without an LLM.
+    if strategies and settings.llm.provider != "extractive":
+        llm = _make_llm(settings)
+    if strategies and llm is None:
+        raise InputError(
+            f"{', '.join(strategies)} need an LLM, and the LLM provider is extractive (none)",
+            where="--methods",
+            fix="set ARAG_LLM__PROVIDER to llama-cpp or openai, or leave those methods out",
+        )
     qpath = questions or default_questions_path()
     qs = load_questions(qpath, limit=limit)
     skipped = count_skipped(qpath) if limit is None else 0
@@ -67,14 +97,22 @@ def eval_retrieval(
     bm25 = BM25Encoder()
     depth = max(20, settings.retrieval.fused_k)
     reranking = {}
-    if any(m.startswith("+rerank") for m in chosen):
+    if any(m.startswith("+rerank") or m in STRATEGY_METHODS for m in chosen):
         from arag.models.reranker import get_reranker
         from arag.retrieval.pipeline import make_retriever
 
-        model = get_reranker(settings)  # loaded once, shared by both rows
+        model = get_reranker(settings)  # loaded once, shared by every reranked row
+        plain = settings.retrieval.model_copy(update={"strategy": "plain"})  # whatever the config says
         for m in ("+rerank", "+rerank+mmr"):
             rs = settings.rerank.model_copy(update={"mmr": m.endswith("mmr")})
-            reranking[m] = make_retriever(settings.model_copy(update={"rerank": rs}), store, resolving, model)
+            reranking[m] = make_retriever(
+                settings.model_copy(update={"rerank": rs, "retrieval": plain}), store, resolving, model
+            )
+        for m in strategies:
+            rt = settings.retrieval.model_copy(update={"strategy": STRATEGY_METHODS[m]})
+            reranking[m] = make_retriever(
+                settings.model_copy(update={"retrieval": rt}), store, resolving, model, llm
+            )
 
     def search_fn(method: str) -> Callable[[str, SearchFilter | None], list[ScoredChunk]]:
         def run(query: str, flt: SearchFilter | None) -> list[ScoredChunk]:

@@ -72,6 +72,12 @@ class HybridRetriever:
         query, flt, resolved = self._scope(query, flt)
         return self._run(query, self.embedder.embed_query(query), flt, resolved)
 
+    def search_vector(self, query: str, vector: np.ndarray, flt: SearchFilter | None = None) -> HybridResult:
+        """Hybrid search with a given dense vector (HyDE's passage, say): the dense searches use
+        ``vector``; BM25 and paper scoping read ``query``, as ``search`` does."""
+        query, flt, resolved = self._scope(query, flt)
+        return self._run(query, vector, flt, resolved)
+
     def search_many(
         self, queries: Sequence[str], flt: SearchFilter | None = None, *, concurrent: bool = True
     ) -> MultiResult:

@@ -9,10 +9,12 @@ from collections.abc import Sequence
 from pydantic import BaseModel
 
 from arag.index.store import Store
+from arag.llm.base import LLM
 from arag.models.reranker import Reranker
 from arag.records import RankedChunk, SearchFilter
 from arag.retrieval.hybrid import HybridResult, HybridRetriever
 from arag.retrieval.rerank import RerankStage
+from arag.retrieval.strategies import Expanded, QueryStrategy, make_strategy
 from arag.settings import Settings
 
 # Names of the three searches, as shown in `found_by` and `--explain`.
@@ -27,6 +29,11 @@ class SearchResult(BaseModel):
     kept: list[RankedChunk]
     model: str
     timings: dict[str, float]
+    # What the query strategy generated and searched with (multi-query: the rewrites searched beside
+    # the question; hyde: the hypothetical passage); empty for plain search.
+    expansion: list[str] = []
+    # Why a strategy searched the question alone (an unusable or failed LLM reply); empty otherwise.
+    expansion_note: str = ""
 
 
 def found_by(result: HybridResult) -> dict[str, list[str]]:
@@ -50,14 +57,20 @@ def load_canonical(settings: Settings) -> set[str]:
 
 
 class Retriever:
-    """Hybrid search + rerank; thread-safe for concurrent sub-queries."""
+    """Hybrid search + rerank; thread-safe for concurrent sub-queries. With a query ``strategy``
+    (multi-query, HyDE) each query is expanded through it; the reranker still reads the question."""
 
-    def __init__(self, hybrid: HybridRetriever, stage: RerankStage) -> None:
+    def __init__(
+        self, hybrid: HybridRetriever, stage: RerankStage, strategy: QueryStrategy | None = None
+    ) -> None:
         self.hybrid = hybrid
         self.stage = stage
+        self.strategy = strategy
 
     def search(self, query: str, flt: SearchFilter | None = None) -> SearchResult:
         """Retrieve and rerank for one query; the reranker reads the question as asked."""
+        if self.strategy is not None:
+            return self.search_many([query], flt)[0]
         t0 = time.perf_counter()
         hybrid = self.hybrid.search(query, flt)
         return self._rerank(query, hybrid, 1000 * (time.perf_counter() - t0))
@@ -67,31 +80,51 @@ class Retriever:
     ) -> list[SearchResult]:
         """Sub-queries embedded in one batch and searched concurrently, each reranked."""
         t0 = time.perf_counter()
+        if self.strategy is not None:
+            expanded = self.strategy.search_many(self.hybrid, queries, flt, concurrent=concurrent)
+            # Search time without the LLM's: the generation has its own timing.
+            spent = 1000 * (time.perf_counter() - t0) - sum(e.expand_ms for e in expanded)
+            ms = max(0.0, spent) / max(1, len(queries))
+            return [self._rerank(q, e.hybrid, ms, e) for q, e in zip(queries, expanded, strict=True)]
         multi = self.hybrid.search_many(queries, flt, concurrent=concurrent)
         ms = 1000 * (time.perf_counter() - t0) / max(1, len(queries))
         return [self._rerank(q, r, ms) for q, r in zip(queries, multi.per_query, strict=True)]
 
-    def _rerank(self, query: str, hybrid: HybridResult, search_ms: float) -> SearchResult:
+    def _rerank(
+        self, query: str, hybrid: HybridResult, search_ms: float, expanded: Expanded | None = None
+    ) -> SearchResult:
         rr = self.stage.run(query, hybrid.fused, found_by(hybrid))
+        timings = {"search": round(search_ms, 2), "rerank": round(rr.rerank_ms, 2)}
+        if expanded is not None:
+            timings["expand"] = round(expanded.expand_ms, 2)
         return SearchResult(
             hybrid=hybrid,
             ranked=rr.ranked,
             kept=rr.kept,
             model=rr.model,
-            timings={"search": round(search_ms, 2), "rerank": round(rr.rerank_ms, 2)},
+            timings=timings,
+            expansion=expanded.expansion if expanded is not None else [],
+            expansion_note=expanded.note if expanded is not None else "",
         )
 
 
 def make_retriever(
-    settings: Settings, store: Store, hybrid: HybridRetriever, reranker: Reranker | None = None
+    settings: Settings,
+    store: Store,
+    hybrid: HybridRetriever,
+    reranker: Reranker | None = None,
+    llm: LLM | None = None,
 ) -> Retriever:
-    """A Retriever over an open store: the configured reranker, canonical papers and MMR vectors."""
+    """A Retriever over an open store: the configured reranker, canonical papers and MMR vectors, and
+    the configured query strategy (which needs ``llm`` unless it is plain: ConfigError without one)."""
     from arag.models.reranker import get_reranker
 
+    # Before loading the reranker: a strategy without an LLM fails at once.
+    strategy = make_strategy(settings.retrieval, llm)
     stage = RerankStage(
         reranker or get_reranker(settings),
         settings.rerank,
         canonical=load_canonical(settings),
         vectors=store.get_vectors,
     )
-    return Retriever(hybrid, stage)
+    return Retriever(hybrid, stage, strategy)
