@@ -27,13 +27,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --find-links $(WHEELS) -e '.[torch,dev,llm]'
 	touch $(STAMP)
 
-# Until the answering service lands, serving = the library, kept up to date, the reranker and the
-# verifier's support model trained once (about 18 + 15 min on 2 cores; no-ops when installed), and a
-# sample search.
+# Until the answering service lands, serving = the library, kept up to date, the reranker trained
+# once (about 19 min on 2 cores; a no-op when installed), and a sample search.
 serve: venv
 	$(BIN)/arag library build
 	$(BIN)/arag train reranker
-	$(BIN)/arag train support
 	$(BIN)/arag library status
 	$(BIN)/arag papers --topics
 	$(BIN)/arag search "Which datasets are used to evaluate question answering over scientific papers?" -k 5 --explain

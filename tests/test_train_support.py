@@ -236,8 +236,12 @@ def test_make_support_by_setting(tmp_path: Path) -> None:
     assert isinstance(lexical, LexicalSupport) and lexical.threshold == 0.4
     assert isinstance(make_support(_settings(tmp_path, support="auto"), llm, True), LLMJudgeSupport)
     assert isinstance(make_support(_settings(tmp_path, support="llm-judge"), llm, False), LLMJudgeSupport)
-    # Offline (no LLM checks, or no LLM at all) the default is the trained model, and it is not there.
-    for support, model in (("auto", llm), ("auto", None), ("trained", llm), ("llm-judge", None)):
+    # Offline (no LLM checks, or no LLM at all) the default is lexical: it measured better.
+    for model in (llm, None):
+        auto = make_support(_settings(tmp_path, support="auto"), model, False)
+        assert isinstance(auto, LexicalSupport) and auto.threshold == 0.44
+    # The trained model, asked for and not there, is not replaced: the error says how to train it.
+    for support, model in (("trained", llm), ("llm-judge", None)):
         with pytest.raises(ModelError, match="arag train support"):
             make_support(_settings(tmp_path, support=support), model, False)
     assert get_settings(data_dir=tmp_path).support_dir == tmp_path / "models" / "support"

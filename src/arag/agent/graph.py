@@ -175,13 +175,14 @@ def validate_question(question: str) -> str:
 
 def make_support(settings: Settings, llm: LLM | None, llm_checks: bool) -> SupportScorer:
     """The configured claim-support scorer: ``auto`` is the LLM judge when LLM checks are on, else the
-    trained cross-encoder; ``llm-judge`` without an LLM (the extractive provider) is the trained one
-    too. The trained model is not replaced by another when it is missing: a ModelError says how to
-    train it."""
+    lexical scorer, which measured better than the trained cross-encoder on QASPER validation's
+    supported/unsupported pairs (AUC 0.81 vs 0.75, F1 0.62 vs 0.52); ``llm-judge`` without an LLM
+    (the extractive provider) is the trained one. The trained model is not replaced by another when
+    it is missing: a ModelError says how to train it."""
     a = settings.agent
     choice = a.support
     if choice == "auto":
-        choice = "llm-judge" if llm is not None and llm_checks else "trained"
+        choice = "llm-judge" if llm is not None and llm_checks else "lexical"
     if choice == "llm-judge" and llm is not None:
         return LLMJudgeSupport(llm)
     if choice == "lexical":
