@@ -580,7 +580,14 @@ def test_parse_reply() -> None:
         "From pages [1].",
     )
     assert parse_reply("Wikipedia\nThey parse pages [1].") == ("Wikipedia", "They parse pages [1].")
-    assert parse_reply("They parse Wikipedia pages [1].") == ("", "They parse Wikipedia pages [1].")
+    # A bare short reply is the short answer and its own explanation; a long one only explains.
+    assert parse_reply("They parse Wikipedia pages [1].") == (
+        "They parse Wikipedia pages [1].",
+        "They parse Wikipedia pages [1].",
+    )
+    assert parse_reply("[1] 1100") == ("[1] 1100", "[1] 1100")
+    long = "They parse Wikipedia pages into layered sentences and learn an ontology from them as they go [1]."
+    assert parse_reply(long) == ("", long)
 
 
 def _check(raw: str, kind: str = "free_form", grade: Grade = OK, question: str = "q") -> Draft:

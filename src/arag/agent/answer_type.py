@@ -39,7 +39,9 @@ _FREE = re.compile(
 _YES = frozenset("yes yeah yep true correct right indeed affirmative".split())
 _NO = frozenset("no nope false incorrect not never negative".split())
 _UNANSWERABLE = re.compile(
-    r"^(?:unanswerable|not\s+(?:in|found\s+in)\s+the\s+(?:library|passages|paper)|not\s+(?:mentioned|"
+    r"^(?:unanswerable|not?\s+(?:in|found\s+in)\s+the\s+(?:library|passages|paper)|"
+    r"(?:the\s+)?(?:paper|passages?|text|context)\s+(?:does|do)\s+not\s+(?:contain|mention|say|state|"
+    r"provide|include)|not\s+(?:mentioned|"
     r"stated|specified|given|reported|available|provided)|(?:it\s+)?(?:cannot|can't)\s+be\s+(?:determined|"
     r"answered)|none\s+given|no\s+information|(?:the\s+)?passages?\s+(?:do|does)\s+not)"
     # Single words count only as the whole answer: "Naive Bayes" or "unknown words" are answers.

@@ -112,6 +112,9 @@ def parse_reply(text: str) -> tuple[str, str]:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if len(lines) > 1 and len(lines[0].split()) <= 15:
         return lines[0], " ".join(" ".join(lines[1:]).split())
+    if len(lines) == 1 and len(lines[0].split()) <= 15:
+        # A bare short reply ("[1] 1100", "Yes."): it is the short answer, and its own explanation.
+        return lines[0].strip(), lines[0].strip()
     return "", " ".join(text.split())
 
 
