@@ -772,3 +772,13 @@ def test_a_question_about_the_paper_as_a_whole_gets_its_abstract() -> None:
     assert with_abstract([p1], [p1, p2, ab]) == [ab, p1]
     assert with_abstract([ab, p1], [p1, ab]) == [ab, p1]  # already kept: once
     assert with_abstract([p1], [p1, p2]) == [p1]  # no abstract among the candidates
+
+
+def test_a_copied_format_description_is_not_an_answer_and_a_lone_short_answer_is_a_claim() -> None:
+    copied = _check(
+        "Short answer: the exact words from a passage\nExplanation: They parse pages [1].", "span"
+    )
+    assert copied.short_answer != "the exact words from a passage" and copied.short_answer
+    assert "short answer was a placeholder or empty" in " ".join(copied.notes)
+    alone = _check("Short answer: Wikipedia", "span")
+    assert alone.short_answer == "Wikipedia" and alone.explanation == "Wikipedia"

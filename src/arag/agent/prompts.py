@@ -72,9 +72,9 @@ SYNTH_SYSTEM = (
 )
 SYNTH_USER = (
     "Passages:\n{passages}\n\nQuestion: {question}\n\n{instruction}\n"
-    "Write exactly two lines:\n"
-    "Short answer: <{short_form}>\n"
-    "Explanation: <one to three sentences, each ending with its passage number in brackets>"
+    "Write exactly two lines, in this form ({short_form} after 'Short answer:'):\n"
+    "Short answer: ...\n"
+    "Explanation: ... [1]"
 )
 # The short-answer instruction for each answer type.
 SYNTH_INSTRUCTIONS = {

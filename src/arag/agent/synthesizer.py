@@ -118,6 +118,16 @@ def parse_reply(text: str) -> tuple[str, str]:
     return "", " ".join(text.split())
 
 
+def _echoes_instructions(short: str) -> bool:
+    """Whether a short answer is the prompt's own description of one, copied."""
+    text = " ".join(short.lower().strip(" .<>\"'").split())
+    if not text:
+        return False
+    forms = [f.lower() for f in prompts.SYNTH_SHORT_FORMS.values()]
+    forms += ["a name, a number or a short phrase", "one short phrase", "short answer"]
+    return text in ("...", "…") or any(text == f or (len(text) > 8 and text in f) or f in text for f in forms)
+
+
 def check_llm_draft(
     raw: str,
     question: str,
@@ -131,9 +141,13 @@ def check_llm_draft(
     """The LLM's reply made safe: valid citations only, a normalised short answer of the right type
     (a pure function of the reply)."""
     short_raw, explanation = parse_reply(raw)
-    if not explanation.strip() and len(short_raw.split()) > 6:
-        # Small models often put the whole answer on the short-answer line: it is the explanation too,
-        # so the verifier has a claim to check.
+    if _echoes_instructions(short_raw):
+        # A small model copied the format's description ("the exact words from a passage") instead of
+        # answering: no short answer, the passages supply one below.
+        short_raw = ""
+    if not explanation.strip() and short_raw.strip():
+        # Small models often answer on the short-answer line alone: it is the explanation too, so the
+        # verifier has a claim to check (and an uncited supported claim gets its best passage).
         explanation = short_raw
     explanation, removed = clean_citations(strip_placeholders(explanation), range(1, len(passages) + 1))
     explanation = " ".join(explanation.split())
