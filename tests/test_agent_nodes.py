@@ -144,14 +144,17 @@ def test_route_edge(route: str, edge: str) -> None:
 
 
 def test_router_asks_the_llm_only_when_unsure() -> None:
-    llm = ScriptedLLM(['{"route": "direct"}', "no idea"])
+    llm = ScriptedLLM(['{"route": "direct"}', "no idea", '{"route": "direct"}'])
     router = make_router(_deps(llm))
-    assert router({"question": "what is the weather"}).update == {"route": "direct"}
+    assert router({"question": "sing me a song"}).update == {"route": "direct"}
     # An unusable reply: research (the grader abstains if the library has nothing).
     step = router({"question": "what is the weather"})
     assert step.update == {"route": "research"} and "unusable" in step.decision
+    # A factual question is never answered from the model's memory, whatever the LLM says.
+    step = router({"question": "What is the capital of Australia?"})
+    assert step.update == {"route": "research"} and "factual" in step.decision
     assert router({"question": "Do they use BERT?"}).update == {"route": "research"}
-    assert len(llm.calls) == 2 and llm.calls[0][0].content == prompts.ROUTER_SYSTEM
+    assert len(llm.calls) == 3 and llm.calls[0][0].content == prompts.ROUTER_SYSTEM
     # Without an LLM the unsure case is research.
     assert make_router(_deps())({"question": "what is the weather"}).update == {"route": "research"}
 

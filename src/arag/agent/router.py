@@ -65,6 +65,12 @@ class RouteDecision:
     sure: bool
 
 
+# Questions that ask for a fact (who/what/which/... or a question mark).
+_ASKS_FACT = re.compile(
+    r"\?\s*$|^\s*(?:who|what|which|when|where|why|how|is|are|does|do|did|can|list|name)\b", re.I
+)
+
+
 def route_rules(question: str) -> RouteDecision:
     """The rule-based route of a message (a pure function)."""
     q = question.strip()
@@ -110,7 +116,11 @@ def make_router(deps: AgentDeps):
                 max_tokens=20,
             )
             route = got.get("route") if got else None
-            if route in ("research", "direct", "about"):
+            if route == "direct" and _ASKS_FACT.search(question):
+                # A factual question is never answered from the model's memory: it goes to the library,
+                # which answers with sources or abstains. "direct" stays for chat the rules missed.
+                decision = RouteDecision("research", "a factual question (LLM said direct)", True)
+            elif route in ("research", "direct", "about"):
                 decision = RouteDecision(route, "LLM (rules unsure)", True)
             else:
                 decision = RouteDecision("research", "unsure; LLM reply unusable, research", False)
