@@ -97,6 +97,11 @@ def parse_reply(text: str) -> tuple[str, str]:
     if m is not None:
         short = m.group("v").strip()
         rest = text[m.end() :]
+        # "Short answer: X. Explanation: Y" on one line, or a dangling "Explanation" label.
+        inline = re.search(r"\s*\bexplanation\b\s*[:\-–]?\s*", short, re.I)
+        if inline is not None:
+            rest = short[inline.end() :] + rest
+            short = short[: inline.start()].strip()
         e = _LABEL_EXPL.search(rest)
         explanation = rest[e.end() :] if e else rest
         if not short and explanation.strip():
