@@ -37,8 +37,7 @@ from arag.train.data import Candidates, MinedQuestion, cache_key, cached, candid
 from arag.train.reranker import (
     BASE_MODEL,
     TrainConfig,
-    export_onnx,
-    quantize_int8,
+    export_variants,
     require_torch,
     torch_scores,
     train_net,
@@ -271,19 +270,7 @@ def train_reranker(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=".reranker-"))
     try:
-        fp32, int8 = work / "fp32.onnx", work / "int8.onnx"
-        export_onnx(net, fp32, cfg.max_length)
-        quantize_int8(fp32, int8)
-        draft = ModelCard(
-            model_id="draft",
-            base_model=BASE_MODEL,
-            layers=cfg.layers,
-            max_length=cfg.max_length,
-            quantized=False,
-            onnx_sha256="",
-            created="",
-            seed=cfg.seed,
-        )
+        fp32, int8, draft = export_variants(net, cfg, work)
         runs = {}
         for name, path in (("fp32", fp32), ("int8", int8)):
             model = OnnxReranker(

@@ -24,7 +24,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from arag.errors import ModelError
-from arag.models.reranker import encode_pairs, load_pair_tokenizer
+from arag.models.reranker import ModelCard, encode_pairs, load_pair_tokenizer
 from arag.train.data import MinedQuestion
 
 if TYPE_CHECKING:
@@ -288,3 +288,22 @@ def torch_scores(net: torch.nn.Module, query: str, texts: Sequence[str], max_len
     with torch.no_grad():
         out = net(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(types))
     return out.numpy().astype(np.float32)
+
+
+def export_variants(net: torch.nn.Module, cfg: TrainConfig, work: Path) -> tuple[Path, Path, ModelCard]:
+    """The trained net as ``fp32.onnx`` and dynamically quantised ``int8.onnx`` in ``work``, and a
+    draft card to score them with before either is chosen and installed."""
+    fp32, int8 = work / "fp32.onnx", work / "int8.onnx"
+    export_onnx(net, fp32, cfg.max_length)
+    quantize_int8(fp32, int8)
+    draft = ModelCard(
+        model_id="draft",
+        base_model=BASE_MODEL,
+        layers=cfg.layers,
+        max_length=cfg.max_length,
+        quantized=False,
+        onnx_sha256="",
+        created="",
+        seed=cfg.seed,
+    )
+    return fp32, int8, draft

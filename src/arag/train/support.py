@@ -47,7 +47,7 @@ from arag.train.pipeline import (
     check_export,
     install_model,
 )
-from arag.train.reranker import BASE_MODEL, TrainConfig, export_onnx, quantize_int8, require_torch, train_net
+from arag.train.reranker import BASE_MODEL, TrainConfig, export_variants, require_torch, train_net
 
 SUPPORT_FORMAT = 1
 WHERE = "arag train support"
@@ -432,19 +432,7 @@ def train_support(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=".support-"))
     try:
-        fp32, int8 = work / "fp32.onnx", work / "int8.onnx"
-        export_onnx(net, fp32, cfg.max_length)
-        quantize_int8(fp32, int8)
-        draft = ModelCard(
-            model_id="draft",
-            base_model=BASE_MODEL,
-            layers=cfg.layers,
-            max_length=cfg.max_length,
-            quantized=False,
-            onnx_sha256="",
-            created="",
-            seed=cfg.seed,
-        )
+        fp32, int8, draft = export_variants(net, cfg, work)
         runs: dict[str, tuple[list[float], float, dict[str, Any]]] = {}
         models: dict[str, OnnxReranker] = {}
         for name, path in (("fp32", fp32), ("int8", int8)):
