@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from arag.cli.common import build_progress, console, handle_errors, load_settings
 from arag.models.reranker import ModelCard
+
+if TYPE_CHECKING:
+    from arag.train.reranker import TrainConfig
 
 train_app = typer.Typer(no_args_is_help=True)
 
@@ -52,10 +55,8 @@ def train_reranker_cmd(
 ) -> None:
     """Fine-tune the cross-encoder reranker from the packaged MiniLM weights on QASPER train, export it
     to ONNX, calibrate its bars on validation and install it with a model card."""
-    from arag.errors import InputError
     from arag.models.reranker import CARD_FILE
     from arag.train.pipeline import train_reranker
-    from arag.train.reranker import TrainConfig
 
     settings = load_settings()
     target = settings.reranker_dir
@@ -68,9 +69,8 @@ def train_reranker_cmd(
     if (target / CARD_FILE).is_file() and not force:
         console.print(f"a trained reranker is installed in {target}: --force retrains it")
         return
-    if quantize not in ("auto", "int8", "fp32"):
-        raise InputError(f"unknown --quantize {quantize!r}", where="--quantize", fix="use auto, int8 or fp32")
-    cfg = TrainConfig(
+    cfg = _train_config(
+        quantize,
         layers=layers,
         max_length=max_length,
         inference_max_length=inference_max_length,
@@ -78,7 +78,6 @@ def train_reranker_cmd(
         lr=lr,
         head_lr=head_lr,
         seed=seed,
-        quantize=quantize,  # type: ignore[arg-type]
     )
     card = train_reranker(
         settings,
@@ -95,6 +94,16 @@ def train_reranker_cmd(
         f"installed {card.validation['chosen']} in {target}; trained {t['steps']} steps ({t['pairs']} pairs) "
         f"in {t['seconds']:.0f} s; whole run {card.calibration['total_seconds']:.0f} s",
     )
+
+
+def _train_config(quantize: str, **fields: Any) -> TrainConfig:
+    """The training choices of both ``arag train`` commands, ``--quantize`` checked first."""
+    from arag.errors import InputError
+    from arag.train.reranker import TrainConfig
+
+    if quantize not in ("auto", "int8", "fp32"):
+        raise InputError(f"unknown --quantize {quantize!r}", where="--quantize", fix="use auto, int8 or fp32")
+    return TrainConfig(quantize=quantize, **fields)  # type: ignore[arg-type]
 
 
 def _report(card: ModelCard, headline: str) -> None:
@@ -138,9 +147,7 @@ def train_support_cmd(
 ) -> None:
     """Fine-tune the claim verifier's cross-encoder (does a passage support a claim?) from the packaged
     MiniLM weights on QASPER train, measure it on validation pairs and install it with a model card."""
-    from arag.errors import InputError
     from arag.models.reranker import CARD_FILE
-    from arag.train.reranker import TrainConfig
     from arag.train.support import train_support
 
     settings = load_settings()
@@ -148,9 +155,8 @@ def train_support_cmd(
     if (target / CARD_FILE).is_file() and not force:
         console.print(f"a trained support model is installed in {target}: --force retrains it")
         return
-    if quantize not in ("auto", "int8", "fp32"):
-        raise InputError(f"unknown --quantize {quantize!r}", where="--quantize", fix="use auto, int8 or fp32")
-    cfg = TrainConfig(
+    cfg = _train_config(
+        quantize,
         layers=layers,
         max_length=max_length,
         epochs=epochs,
@@ -158,7 +164,6 @@ def train_support_cmd(
         head_lr=head_lr,
         seed=seed,
         threads=threads,
-        quantize=quantize,  # type: ignore[arg-type]
     )
     card = train_support(
         settings,

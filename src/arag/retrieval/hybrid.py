@@ -69,13 +69,13 @@ class HybridRetriever:
 
         Without an explicit paper filter, a question that names a paper is scoped to it.
         """
-        query, flt, resolved = self._scope(query, flt)
+        query, flt, resolved = self.scope(query, flt)
         return self._run(query, self.embedder.embed_query(query), flt, resolved)
 
     def search_vector(self, query: str, vector: np.ndarray, flt: SearchFilter | None = None) -> HybridResult:
         """Hybrid search with a given dense vector (HyDE's passage, say): the dense searches use
         ``vector``; BM25 and paper scoping read ``query``, as ``search`` does."""
-        query, flt, resolved = self._scope(query, flt)
+        query, flt, resolved = self.scope(query, flt)
         return self._run(query, vector, flt, resolved)
 
     def search_many(
@@ -83,7 +83,7 @@ class HybridRetriever:
     ) -> MultiResult:
         """A compound question's sub-queries: embedded in one batch, searched concurrently (or in
         order), then merged in sub-query order with duplicates dropped by chunk id."""
-        scoped = [self._scope(q, flt) for q in queries]
+        scoped = [self.scope(q, flt) for q in queries]
         vectors = self.embedder.embed([q for q, _, _ in scoped])
         jobs = [(q, vectors[i], f, r) for i, (q, f, r) in enumerate(scoped)]
         if concurrent and len(jobs) > 1:
@@ -97,9 +97,9 @@ class HybridRetriever:
                 merged.setdefault(hit.chunk.id, hit)
         return MultiResult(per_query=results, merged=list(merged.values()))
 
-    def _scope(
-        self, query: str, flt: SearchFilter | None
-    ) -> tuple[str, SearchFilter | None, PaperRef | None]:
+    def scope(self, query: str, flt: SearchFilter | None) -> tuple[str, SearchFilter | None, PaperRef | None]:
+        """(query to search, filter, resolved paper): a question naming a paper, with no explicit paper
+        filter, is scoped to that paper and searched without its name. Query strategies reuse it."""
         if self.resolver is None or (flt is not None and flt.paper_ids is not None):
             return query, flt, None
         resolved = self.resolver.resolve(query)

@@ -278,7 +278,7 @@ class MultiQuery:
             variants, why, ms = self.rewrite(q)
             # Scoping as the question's: a variant that drops (or garbles) the title is still searched
             # in the named paper, and one that keeps it is searched without it, like the question.
-            scoped, vflt, resolved = hybrid._scope(q, flt)
+            scoped, vflt, resolved = hybrid.scope(q, flt)
             if resolved is not None:
                 variants = [resolved.remainder(v) for v in variants]
             seen = {normalise(q), normalise(scoped)}
@@ -341,7 +341,7 @@ class HyDE:
         made = [self.passage(q) for q in queries]
         # Without a passage, the plain search: the question as scoped (without a named paper's title).
         jobs = [
-            (q, text or hybrid._scope(q, flt)[0], flt) for q, (text, _, _) in zip(queries, made, strict=True)
+            (q, text or hybrid.scope(q, flt)[0], flt) for q, (text, _, _) in zip(queries, made, strict=True)
         ]
         results = search_jobs(hybrid, jobs, concurrent=concurrent)
         return [
