@@ -27,14 +27,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --find-links $(WHEELS) -e '.[torch,dev,llm]'
 	touch $(STAMP)
 
-# Until the answering service lands, serving = the library, kept up to date, the reranker trained
-# once (about 19 min on 2 cores; a no-op when installed), and a sample search.
+# The library (built once, then kept up to date), the reranker (trained once, about 19 min on 2 cores;
+# a no-op when installed), then the service: ends with the page at http://127.0.0.1:7860.
 serve: venv
 	$(BIN)/arag library build
 	$(BIN)/arag train reranker
-	$(BIN)/arag library status
-	$(BIN)/arag papers --topics
-	$(BIN)/arag search "Which datasets are used to evaluate question answering over scientific papers?" -k 5 --explain
+	$(BIN)/arag serve
 
 test: venv
 	$(BIN)/python -m pytest -q

@@ -15,11 +15,14 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
+from pathlib import Path
 from types import TracebackType
 
 from arag.agent.chat import ChatHistory, Exchange, Rewrite, Rewriter, chat_db, validate_session_id
 from arag.agent.graph import Agent, build_agent, validate_question
-from arag.errors import InputError, StoreError
+from arag.agent.hooks import RunHooks
+from arag.errors import InputError, NotFoundError, StoreError
+from arag.library.build import BuildSummary, Progress
 from arag.library.manage import list_papers, open_for_search
 from arag.library.state import PaperRow
 from arag.llm.base import LLM
@@ -56,7 +59,7 @@ def check_paper_ids(
             unknown.append(raw)
     if unknown:
         noun = "id" if len(unknown) == 1 else "ids"
-        raise InputError(
+        raise NotFoundError(
             f"unknown paper {noun}: {', '.join(repr(u) for u in unknown)} "
             f"(the library holds {len(known)} papers)",
             where=where,
@@ -96,7 +99,7 @@ class Library:
             self._papers = list_papers(self.settings)
             self._ids = frozenset(r.id for r in self._papers)
             self.resolver = PaperResolver([(r.id, r.title) for r in self._papers])
-            hybrid = HybridRetriever(store, embedder, self.settings.retrieval, self.resolver)
+            self._hybrid = hybrid = HybridRetriever(store, embedder, self.settings.retrieval, self.resolver)
             self.llm: LLM | None = llm if llm is not None else get_llm(self.settings, progress)
             self.retriever: Retriever = make_retriever(self.settings, store, hybrid, reranker, llm=self.llm)
             self.agent: Agent = build_agent(self.settings, self.retriever, self.llm)
@@ -105,6 +108,9 @@ class Library:
             store.close()
             raise
         self._store = store
+        self._embedder = embedder
+        # One writer at a time: ingests queue behind each other, searches go on meanwhile.
+        self._ingest_lock = threading.Lock()
         c = self.settings.chat
         self.rewriter = Rewriter(
             self.llm if c.rewrite_with_llm else None, self.resolver, history_turns=c.history_turns
@@ -119,12 +125,15 @@ class Library:
         self._check_open()
         return self.agent.run(question, self._filter(papers), on_event=on_event)
 
-    def stream(self, question: str, *, papers: Sequence[str] | None = None) -> Iterator[NodeEvent | Answer]:
-        """Each agent step as it finishes, then the answer. Bad input fails here, not on first use."""
+    def stream(
+        self, question: str, *, papers: Sequence[str] | None = None, hooks: RunHooks | None = None
+    ) -> Iterator[NodeEvent | Answer]:
+        """Each agent step as it finishes, then the answer. Bad input fails here, not on first use.
+        ``hooks`` sees the answer's tokens and can cancel the run."""
         self._check_open()
         flt = self._filter(papers)
         validate_question(question)
-        return self.agent.stream(question, flt)
+        return self.agent.stream(question, flt, hooks)
 
     def search(self, query: str, *, papers: Sequence[str] | None = None, k: int = 10) -> SearchResult:
         """Hybrid search and rerank without answering: the top ``k`` candidates (``ranked``) and the
@@ -144,6 +153,48 @@ class Library:
     def check_papers(self, ids: Sequence[str] | None, *, where: str = "papers") -> list[str] | None:
         """Paper ids as the library spells them; an InputError for any it does not hold."""
         return check_paper_ids(ids, self._ids, where=where)
+
+    def paper(self, paper_id: str) -> PaperRow:
+        """One paper's record; a NotFoundError for an id the library does not hold."""
+        ids = check_paper_ids([paper_id], self._ids, where="paper id")
+        assert ids is not None
+        return next(r for r in self._papers if r.id == ids[0])
+
+    @property
+    def embedder_id(self) -> str:
+        """The embedding model the library was built with."""
+        return self._embedder.model_id
+
+    def chunk_count(self) -> int:
+        """Chunks in the index now."""
+        return self._store.count()
+
+    # -- growing the library ----------------------------------------------------------------------
+
+    def add_pdfs(self, paths: Sequence[Path], *, progress: Progress | None = None) -> BuildSummary:
+        """Ingest PDFs through the open index while questions go on: each batch of papers is written
+        whole before it is recorded, bad files are logged and skipped, and the paper list and title
+        resolver are refreshed at the end."""
+        from arag.corpus.pdf import papers_from_paths
+        from arag.library.build import LibraryBuilder
+        from arag.library.state import Failure
+
+        self._check_open()
+        papers, failures = papers_from_paths(list(paths))
+        prior = [Failure(key=f.path, source="pdf", reason=f.reason) for f in failures]
+        with self._ingest_lock:
+            with LibraryBuilder(self.settings, embedder=self._embedder, store=self._store) as builder:
+                summary = builder.index_papers(papers, progress=progress, prior_failures=prior)
+            self.refresh()
+        return summary
+
+    def refresh(self) -> None:
+        """Re-read the paper list (after papers were added) and rebuild the title resolver."""
+        papers = list_papers(self.settings)
+        self.resolver = PaperResolver([(r.id, r.title) for r in papers])
+        self._papers, self._ids = papers, frozenset(r.id for r in papers)
+        self._hybrid.resolver = self.resolver
+        self.rewriter.resolver = self.resolver
 
     # -- conversations ----------------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ class AragError(Exception):
 
     exit_code: int = 1
     http_status: int = 500
+    # Seconds a client should wait before retrying (sent as Retry-After with 429 and 503).
+    retry_after: int | None = None
 
     def __init__(self, what: str, *, where: str | None = None, fix: str | None = None) -> None:
         self.what = what
@@ -77,3 +79,51 @@ class InputError(AragError):
 
 # The public name: avoid shadowing the builtin IndexError inside arag modules.
 StoreError = IndexError_
+
+
+class NotFoundError(InputError):
+    """The request names something the library does not hold (a paper id, a job id)."""
+
+    http_status = 404
+
+
+class BusyError(AragError):
+    """The service's queue is full; the client should retry later."""
+
+    exit_code = 9
+    http_status = 503
+    retry_after = 5
+
+
+class AuthError(AragError):
+    """A request without a valid API key."""
+
+    exit_code = 10
+    http_status = 401
+
+
+class RateLimitError(AragError):
+    """A key over its request rate."""
+
+    exit_code = 11
+    http_status = 429
+
+
+class Cancelled(AragError):
+    """The caller went away (a closed stream, Ctrl-C); the run stopped between steps."""
+
+    exit_code = 130
+    # nginx's "client closed request": nobody reads it, but logs say what happened.
+    http_status = 499
+
+
+class TooLargeError(InputError):
+    """An upload over the size or count limit."""
+
+    http_status = 413
+
+
+class UnsupportedError(InputError):
+    """An upload of a kind arag does not ingest (not a PDF)."""
+
+    http_status = 415

@@ -206,6 +206,7 @@ class UsedChunk(BaseModel):
     score: float
     query: str
     pass_index: int = Field(description="0: the first retrieval pass, 1: the retry")
+    text: str = Field(default="", description="the chunk's text, so a citation can show its passage")
 
 
 class Answer(BaseModel):

@@ -229,6 +229,25 @@ class ChatSettings(BaseModel):
     history_turns: int = 3
 
 
+class ServiceSettings(BaseModel):
+    """The HTTP service (``arag serve``)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=7860, ge=1, le=65535)
+    # Questions answered at once (threads; the local LLM takes one at a time, retrieval overlaps).
+    workers: int = Field(default=4, ge=1)
+    # Requests waiting for a worker before new ones get 503 (retry later).
+    queue_size: int = Field(default=16, ge=0)
+    # Requests per key per minute when API keys are on (ARAG_API_KEYS); 0: no limit.
+    rate_limit_per_minute: int = Field(default=60, ge=0)
+    # Origins allowed to call the API from a browser (CORS). Empty: the page the app serves only.
+    cors_origins: list[str] = Field(default_factory=list)
+    max_upload_mb: float = Field(default=50.0, gt=0)
+    max_upload_files: int = Field(default=20, ge=1)
+    # Finished ingest jobs remembered for GET /ingest/{id}.
+    jobs_kept: int = Field(default=100, ge=1)
+
+
 class Settings(BaseSettings):
     """All of arag's settings."""
 
@@ -252,6 +271,9 @@ class Settings(BaseSettings):
     arxiv: ArxivSettings = Field(default_factory=ArxivSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
     chat: ChatSettings = Field(default_factory=ChatSettings)
+    service: ServiceSettings = Field(default_factory=ServiceSettings)
+    # API keys of the service, comma-separated (ARAG_API_KEYS). Unset: no key needed (local use).
+    api_keys: SecretStr | None = None
 
     @field_validator("data_dir")
     @classmethod
@@ -274,6 +296,15 @@ class Settings(BaseSettings):
         return tuple(sources)
 
     # Derived locations inside the data directory.
+    def service_keys(self) -> frozenset[str]:
+        """The API keys in force (empty: authentication is off)."""
+        raw = self.api_keys.get_secret_value() if self.api_keys is not None else ""
+        return frozenset(k.strip() for k in raw.split(",") if k.strip())
+
+    @property
+    def uploads_dir(self) -> Path:
+        return self.data_dir / "uploads"
+
     @property
     def index_dir(self) -> Path:
         return self.data_dir / "index"

@@ -16,11 +16,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
 from arag.agent.context import make_context
 from arag.agent.deps import AgentDeps, SearchBackend
 from arag.agent.grader import make_grade_edge, make_grader
+from arag.agent.hooks import RunHooks, using
 from arag.agent.planner import make_planner
 from arag.agent.reformulator import make_reformulate_edge, make_reformulator
 from arag.agent.retrieve import make_retriever
@@ -58,11 +60,16 @@ MAX_QUESTION_CHARS = 2000
 
 
 def timed(name: str, fn: Callable[[AgentState], Step], deps: AgentDeps) -> Callable[..., Any]:
-    """A node function: runs ``fn``, and adds its event (with the time it took) to the update."""
+    """A node function: stops first if the run was cancelled, runs ``fn`` with the run's hooks
+    current, and adds its event (with the time it took) to the update."""
 
-    def node(state: AgentState) -> dict[str, Any]:
+    def node(state: AgentState, config: RunnableConfig) -> dict[str, Any]:
+        hooks: RunHooks | None = (config.get("configurable") or {}).get("hooks")
+        if hooks is not None:
+            hooks.check(name)
         t0 = time.perf_counter()
-        step = fn(state)
+        with using(hooks):
+            step = fn(state)
         event = NodeEvent(
             node=name,
             ms=round(1000 * (time.perf_counter() - t0), 2),
@@ -115,16 +122,18 @@ class Agent:
         self.deps = deps
         self.graph = build_graph(deps)
 
-    def stream(self, question: str, flt: SearchFilter | None = None) -> Iterator[NodeEvent | Answer]:
-        """Each node's event as the node finishes, then the answer (last)."""
+    def stream(
+        self, question: str, flt: SearchFilter | None = None, hooks: RunHooks | None = None
+    ) -> Iterator[NodeEvent | Answer]:
+        """Each node's event as the node finishes, then the answer (last). ``hooks`` can cancel the
+        run (Cancelled is raised at the next node or token) and see the answer's tokens."""
         question = validate_question(question)
         t0 = time.perf_counter()
         init: AgentState = {"question": question, "flt": flt}
         events: list[NodeEvent] = []
         final: dict[str, Any] = {}
-        for mode, chunk in self.graph.stream(
-            init, stream_mode=["updates", "values"], config={"recursion_limit": RECURSION_LIMIT}
-        ):
+        config: RunnableConfig = {"recursion_limit": RECURSION_LIMIT, "configurable": {"hooks": hooks}}
+        for mode, chunk in self.graph.stream(init, stream_mode=["updates", "values"], config=config):
             if mode == "updates":
                 for update in chunk.values():
                     for event in (update or {}).get("events", []):
@@ -149,9 +158,10 @@ class Agent:
         question: str,
         flt: SearchFilter | None = None,
         on_event: Callable[[NodeEvent], None] | None = None,
+        hooks: RunHooks | None = None,
     ) -> Answer:
         """Answer one question; ``on_event`` sees each node's event as it happens."""
-        for item in self.stream(question, flt):
+        for item in self.stream(question, flt, hooks):
             if isinstance(item, Answer):
                 return item
             if on_event is not None:

@@ -109,7 +109,9 @@ def make_retriever(deps: AgentDeps):
             decision += f", {empty} with no evidence"
         if resolved is not None:
             decision += f"; scoped to {resolved.paper_id}"
-        search_ms = sum(r.timings.get("search", 0.0) + r.timings.get("rerank", 0.0) for r in results)
+        # Summed over sub-queries (which run concurrently, so the sum can exceed the node's time).
+        hybrid_ms = sum(r.timings.get("search", 0.0) for r in results)
+        rerank_ms = sum(r.timings.get("rerank", 0.0) for r in results)
         return Step(
             update,
             decision,
@@ -118,7 +120,9 @@ def make_retriever(deps: AgentDeps):
                 "kept": kept,
                 "new": len(evidence),
                 "empty": empty,
-                "search_ms": round(search_ms, 1),
+                "search_ms": round(hybrid_ms + rerank_ms, 1),
+                "hybrid_ms": round(hybrid_ms, 1),
+                "rerank_ms": round(rerank_ms, 1),
             },
         )
 

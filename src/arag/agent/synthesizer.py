@@ -18,10 +18,12 @@ from arag.agent.answer_type import (
 )
 from arag.agent.context import format_passages
 from arag.agent.deps import AgentDeps, ask
+from arag.agent.hooks import current_hooks
 from arag.agent.state import AgentState, ContextPassage, Draft, Grade, Step
 from arag.agent.terms import clean_citations, key_terms, sentences, strip_placeholders
-from arag.errors import AragError
+from arag.errors import AragError, Cancelled
 from arag.index.sparse import tokenize
+from arag.llm.base import ChatMessage
 from arag.records import AnswerType
 
 log = logging.getLogger(__name__)
@@ -190,6 +192,31 @@ def check_llm_draft(
     )
 
 
+def _generate(deps: AgentDeps, user: str) -> str:
+    """The LLM's reply to the synthesis prompt; streamed piece by piece to the run's ``on_token``
+    when it listens (the service), checking for cancellation between pieces."""
+    assert deps.llm is not None
+    hooks = current_hooks()
+    if hooks is None or hooks.on_token is None:
+        return ask(deps.llm, prompts.SYNTH_SYSTEM, user, max_tokens=deps.max_answer_tokens)
+    messages = [
+        ChatMessage(role="system", content=prompts.SYNTH_SYSTEM),
+        ChatMessage(role="user", content=user),
+    ]
+    pieces: list[str] = []
+    stream = deps.llm.stream(messages, max_tokens=deps.max_answer_tokens)
+    try:
+        for piece in stream:
+            hooks.check("synthesizer")
+            pieces.append(piece)
+            hooks.on_token(piece)
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()  # releases the model's lock when the run stopped early
+    return "".join(pieces)
+
+
 def make_synthesizer(deps: AgentDeps):
     """The synthesizer node."""
     settings = deps.settings
@@ -214,7 +241,9 @@ def make_synthesizer(deps: AgentDeps):
                 short_form=prompts.SYNTH_SHORT_FORMS[answer_type],
             )
             try:
-                raw = ask(deps.llm, prompts.SYNTH_SYSTEM, user, max_tokens=deps.max_answer_tokens)
+                raw = _generate(deps, user)
+            except Cancelled:
+                raise
             except AragError as exc:
                 log.warning("synthesis LLM failed, answering extractively: %s", exc)
                 draft = extractive_draft(question, answer_type, passages, settings.extractive_sentences)

@@ -147,6 +147,7 @@ def make_verifier(deps: AgentDeps):
                 score=round(e.score, 4),
                 query=e.query,
                 pass_index=e.pass_index,
+                text=e.chunk.text,
             )
             for e in state.get("evidence", [])
         ]

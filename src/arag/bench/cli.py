@@ -146,3 +146,49 @@ def bench_reranker(
     console.print(table)
     if json_out:
         json_out.write_text(r.model_dump_json(indent=2))
+
+
+@bench_app.command("service")
+@handle_errors
+def bench_service(
+    clients: Annotated[int, typer.Option(help="Concurrent /query/stream clients.")] = 8,
+    url: Annotated[
+        str | None, typer.Option(help="A running server to measure (default: start `arag serve` here).")
+    ] = None,
+    port: Annotated[int, typer.Option(help="Port for the server this command starts.")] = 7861,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
+) -> None:
+    """N concurrent streamed questions while /health is probed every 50 ms (idle baseline, same run)."""
+    from arag.bench.service import run_service_bench
+
+    settings = load_settings()
+    console.print(f"[dim]{clients} clients against {url or f'arag serve on port {port}'}…[/]")
+    r = run_service_bench(settings, clients=clients, url=url, port=port)
+    table = Table(title=f"service benchmark ({r.clients} streams, LLM {r.llm})", show_header=False,
+                  title_justify="left")  # fmt: skip
+    table.add_row("streams completed", f"{r.completed}/{r.clients} in {r.wall_s:.1f} s")
+    table.add_row(
+        "stream time", f"p50 {r.stream_total.p50_ms / 1000:.1f} s, p95 {r.stream_total.p95_ms / 1000:.1f} s"
+    )
+    table.add_row(
+        "first token", f"p50 {r.first_token.p50_ms / 1000:.1f} s, p95 {r.first_token.p95_ms / 1000:.1f} s"
+    )
+    table.add_row(
+        "/health idle",
+        f"p50 {r.health_idle.p50_ms:.1f} ms, p95 {r.health_idle.p95_ms:.1f} ms (n={r.health_idle.n})",
+    )
+    table.add_row(
+        "/health under load",
+        f"p50 {r.health_under_load.p50_ms:.1f} ms, p95 {r.health_under_load.p95_ms:.1f} ms, "
+        f"max {r.health_under_load.max_ms:.1f} ms (n={r.health_under_load.n}, {r.health_errors} errors; "
+        f"p95 x{r.health_ratio_p95} idle)",
+    )
+    console.print(table)
+    for s in r.streams:
+        if not s.ok:
+            console.print(f"[red]failed:[/] {s.question}: {s.error or s.status}", highlight=False)
+    if json_out:
+        json_out.write_text(r.model_dump_json(indent=2))
+        console.print(f"wrote {json_out}")
+    if r.completed < r.clients:
+        raise typer.Exit(1)

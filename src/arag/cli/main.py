@@ -41,6 +41,9 @@ def _register_subapps() -> None:
     from arag.eval.cli import eval_app
 
     register_ask(app)
+    from arag.cli.serve import serve_cmd
+
+    app.command("serve")(serve_cmd)
     app.add_typer(
         corpus_app, name="corpus", help="Select papers from arXiv into a manifest and fetch their PDFs."
     )

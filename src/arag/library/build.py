@@ -93,14 +93,19 @@ def build_key(paper: Paper, model_id: str, settings: Settings) -> str:
 class LibraryBuilder:
     """Owns the state, store and embedder for one build or add; use as a context manager."""
 
-    def __init__(self, settings: Settings, *, embedder: BaseEmbedder | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, embedder: BaseEmbedder | None = None, store: Store | None = None
+    ) -> None:
+        """``store``: write through an index this process already holds open (the service adds
+        papers while it answers); it is left open on close."""
         self.settings = settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.embedder = embedder or get_embedder(settings.embedding, settings.embedding_cache_db)
         self.state = LibraryState(settings.state_db)
+        self._owns_store = store is None
         try:
             self._check_model()
-            self.store: Store = open_store(settings, self.embedder.dim)
+            self.store: Store = store if store is not None else open_store(settings, self.embedder.dim)
         except BaseException:
             self.state.close()
             raise
@@ -112,7 +117,8 @@ class LibraryBuilder:
         self.close()
 
     def close(self) -> None:
-        self.store.close()
+        if self._owns_store:
+            self.store.close()
         self.state.close()
 
     def _check_model(self) -> None:

@@ -1,0 +1,225 @@
+"""The service under concurrent streams: N clients ask over ``POST /query/stream`` at once while a
+prober times ``GET /health`` every 50 ms. The baseline is ``/health`` on the same server, idle, in
+the same run; the figure that matters is its p95 under load (target: < 50 ms) and that every
+stream ends with an answer.
+
+The server is ``arag serve`` in its own process (as users run it), or any running one (``url``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel
+
+from arag.errors import ConfigError
+from arag.settings import Settings
+
+QUESTIONS = (
+    "Which datasets are used to evaluate question answering over scientific papers?",
+    "How is the ontology induced from text?",
+    "What baselines do neural machine translation papers compare against?",
+    "How do the authors measure the quality of generated summaries?",
+    "What data is used to train sentiment classifiers for tweets?",
+    "Which languages are covered by the multilingual experiments?",
+    "How is the attention mechanism used in the question answering model?",
+    "What evaluation metrics are used for named entity recognition?",
+)
+
+
+class Latency(BaseModel):
+    n: int
+    p50_ms: float
+    p95_ms: float
+    max_ms: float
+
+    @classmethod
+    def of(cls, ms: list[float]) -> Latency:
+        s = sorted(ms)
+        if not s:
+            return cls(n=0, p50_ms=0.0, p95_ms=0.0, max_ms=0.0)
+        return cls(
+            n=len(s),
+            p50_ms=round(statistics.median(s), 2),
+            p95_ms=round(s[min(len(s) - 1, int(0.95 * len(s)))], 2),
+            max_ms=round(s[-1], 2),
+        )
+
+
+class StreamRun(BaseModel):
+    question: str
+    ok: bool
+    status: int
+    first_event_ms: float
+    first_token_ms: float | None
+    total_ms: float
+    nodes: int
+    tokens: int
+    abstained: bool | None
+    error: str | None = None
+
+
+class ServiceBench(BaseModel):
+    url: str
+    clients: int
+    llm: str
+    streams: list[StreamRun]
+    completed: int
+    wall_s: float
+    stream_total: Latency
+    first_token: Latency
+    health_idle: Latency
+    health_under_load: Latency
+    health_ratio_p95: float
+    health_errors: int
+
+
+async def _stream(client: httpx.AsyncClient, question: str) -> StreamRun:
+    t0 = time.perf_counter()
+    first_event = first_token = None
+    nodes = tokens = 0
+    abstained: bool | None = None
+    event = ""
+    error = None
+    status = 0
+    try:
+        async with client.stream("POST", "/query/stream", json={"question": question}, timeout=600) as r:
+            status = r.status_code
+            if status != 200:
+                error = (await r.aread()).decode()[:300]
+            async for line in r.aiter_lines():
+                now = 1000 * (time.perf_counter() - t0)
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                    first_event = first_event if first_event is not None else now
+                elif line.startswith("data:"):
+                    if event == "node":
+                        nodes += 1
+                    elif event == "token":
+                        tokens += 1
+                        first_token = first_token if first_token is not None else now
+                    elif event == "answer":
+                        abstained = bool(json.loads(line[5:])["abstained"])
+                    elif event == "error":
+                        error = line[5:].strip()[:300]
+    except httpx.HTTPError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    total = 1000 * (time.perf_counter() - t0)
+    return StreamRun(
+        question=question,
+        ok=status == 200 and abstained is not None and error is None,
+        status=status,
+        first_event_ms=round(first_event or 0.0, 1),
+        first_token_ms=None if first_token is None else round(first_token, 1),
+        total_ms=round(total, 1),
+        nodes=nodes,
+        tokens=tokens,
+        abstained=abstained,
+        error=error,
+    )
+
+
+async def _probe(client: httpx.AsyncClient, stop: asyncio.Event, out: list[float], errors: list[int]) -> None:
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        try:
+            r = await client.get("/health", timeout=10)
+            if r.status_code != 200:
+                errors.append(r.status_code)
+        except httpx.HTTPError:
+            errors.append(0)
+        out.append(1000 * (time.perf_counter() - t0))
+        await asyncio.sleep(0.05)
+
+
+async def _run(
+    url: str, clients: int, idle_probes: int
+) -> tuple[list[float], list[float], list[int], list[StreamRun], float]:
+    # Separate connection pools: the prober never waits behind a stream's connection.
+    async with (
+        httpx.AsyncClient(base_url=url) as probe,
+        httpx.AsyncClient(base_url=url, limits=httpx.Limits(max_connections=clients + 2)) as streams,
+    ):
+        idle: list[float] = []
+        for _ in range(idle_probes):
+            t0 = time.perf_counter()
+            (await probe.get("/health")).raise_for_status()
+            idle.append(1000 * (time.perf_counter() - t0))
+            await asyncio.sleep(0.02)
+        stop = asyncio.Event()
+        loaded: list[float] = []
+        errors: list[int] = []
+        prober = asyncio.create_task(_probe(probe, stop, loaded, errors))
+        t0 = time.perf_counter()
+        runs = await asyncio.gather(
+            *(_stream(streams, QUESTIONS[i % len(QUESTIONS)]) for i in range(clients))
+        )
+        wall = time.perf_counter() - t0
+        stop.set()
+        await prober
+    return idle, loaded, errors, list(runs), wall
+
+
+def start_server(settings: Settings, port: int, log: Path) -> subprocess.Popen[bytes]:
+    """``arag serve`` in its own process, on loopback; returns once it is ready."""
+    env = {**os.environ, "ARAG_SERVICE__PORT": str(port), "ARAG_SERVICE__HOST": "127.0.0.1"}
+    cmd = [sys.executable, "-c", "from arag.cli.main import app; app()", "serve"]
+    proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ConfigError(
+                f"arag serve exited with {proc.returncode}", where=str(log), fix="read the log for its error"
+            )
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise ConfigError("arag serve did not become ready in 10 minutes", where=str(log), fix="read the log")
+
+
+def run_service_bench(
+    settings: Settings, *, clients: int = 8, url: str | None = None, port: int = 7861
+) -> ServiceBench:
+    """Start a server (unless ``url``), run the clients, stop it; the figures."""
+    proc = None
+    if url is None:
+        log = settings.data_dir / "bench-serve.log"
+        proc = start_server(settings, port, log)
+        url = f"http://127.0.0.1:{port}"
+    try:
+        llm = httpx.get(f"{url}/v1/system", timeout=10).json()["models"]["llm"]
+        idle, loaded, errors, runs, wall = asyncio.run(_run(url, clients, idle_probes=40))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    h_idle, h_load = Latency.of(idle), Latency.of(loaded)
+    return ServiceBench(
+        url=url,
+        clients=clients,
+        llm=llm,
+        streams=runs,
+        completed=sum(r.ok for r in runs),
+        wall_s=round(wall, 2),
+        stream_total=Latency.of([r.total_ms for r in runs]),
+        first_token=Latency.of([r.first_token_ms for r in runs if r.first_token_ms is not None]),
+        health_idle=h_idle,
+        health_under_load=h_load,
+        health_ratio_p95=round(h_load.p95_ms / h_idle.p95_ms, 2) if h_idle.p95_ms else 0.0,
+        health_errors=len(errors),
+    )

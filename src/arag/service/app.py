@@ -1,0 +1,193 @@
+"""The FastAPI app: built by :func:`create_app`, the library (models, index, compiled agent) opened
+once at start-up and shared by every request. Blocking work runs in a bounded worker pool, so a
+slow answer never stalls ``/health`` or another request.
+
+    uvicorn --factory arag.service.app:create_app     # or: arag serve
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from arag import __version__
+from arag.api import Library
+from arag.errors import AragError, StoreError
+from arag.service.jobs import Jobs
+from arag.service.runner import WorkPool
+from arag.service.schemas import ErrorBody
+from arag.service.security import KeyGuard, RateLimiter
+from arag.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+WEB_DIR = Path(__file__).parent / "web"
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+@dataclass
+class Service:
+    """What the routes share: settings, the open library (or why it could not open), the worker
+    pool, the ingest jobs and the key guard."""
+
+    settings: Settings
+    pool: WorkPool
+    guard: KeyGuard
+    library: Library | None = None
+    jobs: Jobs | None = None
+    load_error: AragError | None = None
+
+    def lib(self) -> Library:
+        """The open library; the start-up error (503) when it could not be opened."""
+        if self.library is None:
+            raise self.load_error or StoreError(
+                "the library is still loading", where="start-up", fix="retry in a few seconds"
+            )
+        return self.library
+
+    def ingest(self) -> Jobs:
+        self.lib()
+        assert self.jobs is not None
+        return self.jobs
+
+
+def error_response(exc: AragError, request_id: str | None) -> JSONResponse:
+    body = ErrorBody(
+        error=exc.what, where=exc.where, fix=exc.fix, status=exc.http_status, request_id=request_id
+    )
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+    return JSONResponse(body.model_dump(), status_code=exc.http_status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str]:
+    """One line per invalid field: 'body.question: String should have at least 1 character'."""
+    parts, wheres = [], []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+        wheres.append(loc)
+    return "; ".join(parts) or "invalid request", ", ".join(dict.fromkeys(wheres)) or "body"
+
+
+def create_app(settings: Settings | None = None, *, library: Library | None = None) -> FastAPI:
+    """The app. ``library``: serve this open library (tests, benchmarks) instead of opening the
+    configured one at start-up; the app then leaves it open at shutdown."""
+    settings = settings if settings is not None else get_settings()
+    svc = Service(
+        settings=settings,
+        pool=WorkPool(settings.service.workers, settings.service.queue_size),
+        guard=KeyGuard(settings.service_keys(), RateLimiter(settings.service.rate_limit_per_minute)),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owns = library is None
+        if library is not None:
+            svc.library = library
+        else:
+            try:
+                # Models load in a thread: the loop stays free for /health meanwhile.
+                svc.library = await svc.pool.run(Library, settings)
+            except AragError as exc:
+                log.error("the library could not be opened: %s", exc)
+                svc.load_error = exc
+        if svc.library is not None:
+            svc.jobs = Jobs(settings, svc.library)
+        try:
+            yield
+        finally:
+            if svc.jobs is not None:
+                svc.jobs.shutdown()
+            svc.pool.shutdown()
+            if owns and svc.library is not None:
+                svc.library.close()
+
+    app = FastAPI(
+        title="arag",
+        version=__version__,
+        summary="Cited, verified answers to research questions over a library of papers.",
+        lifespan=lifespan,
+    )
+    app.state.svc = svc
+
+    if settings.service.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.service.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "X-API-Key", "Content-Type", "X-Request-ID"],
+        )
+
+    @app.middleware("http")
+    async def request_id(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        sent = request.headers.get("x-request-id", "")
+        rid = sent if _REQUEST_ID.match(sent) else uuid.uuid4().hex[:12]
+        request.state.request_id = rid
+        response = await call_next(request)
+        response.headers["X-Request-ID"] = rid
+        return response
+
+    @app.exception_handler(AragError)
+    async def arag_error(request: Request, exc: AragError) -> JSONResponse:
+        if exc.http_status >= 500:
+            log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.http_status, exc)
+        return error_response(exc, getattr(request.state, "request_id", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        what, where = _validation_message(exc)
+        body = ErrorBody(
+            error=what,
+            where=where,
+            fix="correct the request as the message says (the schema is at /docs)",
+            status=422,
+            request_id=getattr(request.state, "request_id", None),
+        )
+        return JSONResponse(body.model_dump(), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        fix = "see /docs for the API's routes and methods" if exc.status_code in (404, 405) else None
+        body = ErrorBody(
+            error=str(exc.detail),
+            where=request.url.path,
+            fix=fix,
+            status=exc.status_code,
+            request_id=getattr(request.state, "request_id", None),
+        )
+        return JSONResponse(body.model_dump(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        body = ErrorBody(
+            error=f"internal error: {type(exc).__name__}",
+            where=request.url.path,
+            fix="this is a bug in arag: report it with the request id",
+            status=500,
+            request_id=getattr(request.state, "request_id", None),
+        )
+        return JSONResponse(body.model_dump(), status_code=500)
+
+    from arag.service import routes
+
+    app.include_router(routes.public)
+    app.include_router(routes.api)
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(WEB_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+    return app

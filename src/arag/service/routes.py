@@ -1,0 +1,359 @@
+"""The API's routes. ``public``: liveness and readiness, never behind a key. ``api``: everything
+else, behind the key guard when keys are configured."""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+from collections.abc import AsyncIterator
+from importlib import metadata
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
+
+from arag import __version__
+from arag.agent.graph import validate_question
+from arag.agent.hooks import RunHooks
+from arag.errors import AragError, Cancelled, InputError, TooLargeError
+from arag.records import Answer, NodeEvent
+from arag.service.jobs import check_upload, parse_arxiv_ids
+from arag.service.schemas import (
+    ChatRequest,
+    ChatResponse,
+    ErrorBody,
+    Health,
+    IngestJob,
+    PaperDetail,
+    PaperList,
+    PaperOut,
+    QueryRequest,
+    QueryResponse,
+    Ready,
+    SearchRequest,
+    SearchResponse,
+    SystemInfo,
+    TokenEvent,
+)
+
+
+def _svc(request: Request) -> Any:
+    return request.app.state.svc
+
+
+def _guard(request: Request) -> None:
+    _svc(request).guard(request)
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in {
+        400: "invalid input (an empty question, a bad id)",
+        401: "no valid API key (when keys are on)",
+        404: "an unknown paper or job id",
+        422: "a request that does not match the schema",
+        429: "the key is over its rate",
+        503: "the service is busy, or the library is not loaded",
+    }.items()
+}
+public = APIRouter(tags=["health"])
+api = APIRouter(dependencies=[Depends(_guard)], responses=_ERRORS)
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SSE_DOC = (
+    "Server-Sent Events: `start` ({request_id, question}); `node` per agent step as it finishes "
+    "(node, ms, decision, counts); `token` ({text}) as the answer is generated, where the LLM "
+    "streams; then `answer` (the full result, as POST /query returns it), or `error` (status, "
+    "error, where, fix). A client that disconnects stops the run at its next step."
+)
+
+
+# -- health ----------------------------------------------------------------------------------------
+
+
+@public.get("/health", response_model=Health, summary="Liveness: the process answers")
+async def health() -> Health:
+    return Health()
+
+
+@public.get(
+    "/ready",
+    response_model=Ready,
+    summary="Readiness: models loaded, index open and consistent",
+    responses={503: {"model": Ready, "description": "not ready; `checks` says why"}},
+)
+async def ready(request: Request) -> JSONResponse:
+    svc = _svc(request)
+    checks: dict[str, str] = {}
+    papers = chunks = 0
+    if svc.library is None:
+        checks["library"] = svc.load_error.what if svc.load_error else "loading"
+    else:
+        lib = svc.library
+        rows = lib.papers()
+        papers = len(rows)
+        try:
+            chunks = await asyncio.to_thread(lib.chunk_count)
+        except AragError as exc:
+            checks["index"] = exc.what
+        else:
+            expected = sum(r.n_chunks for r in rows)
+            running = svc.jobs is not None and any(j.state == "running" for j in svc.jobs.all())
+            if chunks == expected or running:
+                checks["index"] = "ok" + (" (an ingest is running)" if running else "")
+            else:
+                checks["index"] = f"{chunks} chunks in the index, {expected} recorded by the build"
+        checks["models"] = "ok"
+    ok = all(v.startswith("ok") for v in checks.values())
+    body = Ready(ready=ok, papers=papers, chunks=chunks, checks=checks)
+    return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+
+
+@api.get("/v1/system", response_model=SystemInfo, summary="Models, library figures, versions, settings")
+async def system(request: Request) -> SystemInfo:
+    svc = _svc(request)
+    lib = svc.lib()
+    s = svc.settings
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    dists = ("fastapi", "langgraph", "onnxruntime", "qdrant-edge-py", "llama-cpp-python", "pydantic")
+    rows = lib.papers()
+    return SystemInfo(
+        version=__version__,
+        versions={"python": platform.python_version(), **{d: version(d) for d in dists}},
+        models={
+            "embedder": lib.embedder_id,
+            "reranker": lib.retriever.stage.reranker.name,
+            "llm": lib.llm.name if lib.llm is not None else "extractive (no LLM)",
+            "support": lib.agent.deps.support.name,
+        },
+        library={"papers": len(rows), "chunks": sum(r.n_chunks for r in rows), "data_dir": str(s.data_dir)},
+        settings={
+            "llm_provider": s.llm.provider,
+            "rerank_provider": s.rerank.provider,
+            "retrieval_strategy": s.retrieval.strategy,
+            "support": s.agent.support,
+            "workers": s.service.workers,
+            "queue_size": s.service.queue_size,
+            "api_keys": svc.guard.enabled,
+            "rate_limit_per_minute": s.service.rate_limit_per_minute,
+            "cors_origins": s.service.cors_origins,
+            "max_upload_mb": s.service.max_upload_mb,
+        },
+        pool={"in_flight": svc.pool.in_flight, "capacity": svc.pool.capacity, "rejected": svc.pool.rejected},
+    )
+
+
+# -- questions -------------------------------------------------------------------------------------
+
+
+@api.post("/query", response_model=QueryResponse, summary="Answer a question (the full agent run)")
+async def query(body: QueryRequest, request: Request) -> QueryResponse:
+    lib = _svc(request).lib()
+    answer: Answer = await _svc(request).pool.run(lambda: lib.ask(body.question, papers=body.papers))
+    return QueryResponse(**answer.model_dump(), request_id=request.state.request_id)
+
+
+def sse(event: str, data: BaseModel) -> bytes:
+    """One Server-Sent Event (the JSON is one line)."""
+    return f"event: {event}\ndata: {data.model_dump_json()}\n\n".encode()
+
+
+@api.post(
+    "/query/stream",
+    summary="Answer a question, streaming each step and the answer's tokens (SSE)",
+    description=SSE_DOC,
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+)
+async def query_stream(body: QueryRequest, request: Request) -> StreamingResponse:
+    svc = _svc(request)
+    lib = svc.lib()
+    rid: str = request.state.request_id
+    # Bad input and a full queue answer with a status code, before the stream starts.
+    validate_question(body.question)
+    lib.check_papers(body.papers)
+    svc.pool.admit_stream()
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def on_token(text: str) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, ("item", TokenEvent(text=text)))
+
+    hooks = RunHooks(on_token=on_token)
+    items = svc.pool.stream(
+        lambda: lib.stream(body.question, papers=body.papers, hooks=hooks), hooks.cancel, queue
+    )
+
+    async def events() -> AsyncIterator[bytes]:
+        yield sse("start", _Start(request_id=rid, question=body.question))
+        try:
+            async for item in items:
+                if isinstance(item, NodeEvent):
+                    yield sse("node", item)
+                elif isinstance(item, TokenEvent):
+                    yield sse("token", item)
+                elif isinstance(item, Answer):
+                    yield sse("answer", QueryResponse(**item.model_dump(), request_id=rid))
+        except Cancelled:
+            return
+        except AragError as exc:
+            yield sse(
+                "error",
+                ErrorBody(
+                    error=exc.what, where=exc.where, fix=exc.fix, status=exc.http_status, request_id=rid
+                ),
+            )
+        except Exception as exc:  # a bug: the client still gets an error event, not a cut stream
+            yield sse(
+                "error",
+                ErrorBody(
+                    error=f"internal error: {type(exc).__name__}",
+                    fix="this is a bug in arag: report it with the request id",
+                    status=500,
+                    request_id=rid,
+                ),
+            )
+        finally:
+            await items.aclose()
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+class _Start(BaseModel):
+    request_id: str
+    question: str
+
+
+@api.post(
+    "/search",
+    response_model=SearchResponse,
+    summary="Retrieval only: ranked passages and every stage's scores",
+)
+async def search(body: SearchRequest, request: Request) -> SearchResponse:
+    lib = _svc(request).lib()
+    result = await _svc(request).pool.run(lambda: lib.search(body.query, papers=body.papers, k=body.k))
+    return SearchResponse.build(request.state.request_id, body.query.strip(), result)
+
+
+@api.post("/chat", response_model=ChatResponse, summary="One turn of a conversation (follow-ups rewritten)")
+async def chat(body: ChatRequest, request: Request) -> ChatResponse:
+    lib = _svc(request).lib()
+    answer: Answer = await _svc(request).pool.run(
+        lambda: lib.chat(body.session_id, body.message, rewrite=body.rewrite, papers=body.papers)
+    )
+    return ChatResponse(
+        **answer.model_dump(),
+        request_id=request.state.request_id,
+        session_id=body.session_id,
+        message=body.message,
+    )
+
+
+# -- papers ----------------------------------------------------------------------------------------
+
+
+@api.get("/papers", response_model=PaperList, summary="The library's papers (paged, filtered by title)")
+async def papers(
+    request: Request,
+    q: Annotated[str | None, Query(max_length=200, description="words the title contains")] = None,
+    topic: Annotated[int | None, Query(ge=0)] = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> PaperList:
+    rows = _svc(request).lib().papers(topic=topic)
+    if q and q.strip():
+        words = q.casefold().split()
+        rows = [r for r in rows if all(w in r.title.casefold() for w in words)]
+    page = rows[offset : offset + limit]
+    return PaperList(total=len(rows), offset=offset, limit=limit, papers=[PaperOut.of(r) for r in page])
+
+
+@api.get("/papers/{paper_id:path}", response_model=PaperDetail, summary="One paper")
+async def paper(paper_id: str, request: Request) -> PaperDetail:
+    return PaperDetail.of(_svc(request).lib().paper(paper_id))
+
+
+# -- ingest ----------------------------------------------------------------------------------------
+
+_INGEST_BODY = {
+    "requestBody": {
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                        "arxiv_ids": {"type": "string", "description": "comma- or space-separated arXiv ids"},
+                    },
+                }
+            }
+        }
+    }
+}
+
+
+@api.post(
+    "/ingest",
+    response_model=IngestJob,
+    status_code=202,
+    summary="Add PDFs (upload) or arXiv ids to the library, as a background job",
+    openapi_extra=_INGEST_BODY,
+    responses={413: {"model": ErrorBody}, 415: {"model": ErrorBody}},
+)
+async def ingest(request: Request) -> IngestJob:
+    svc = _svc(request)
+    jobs = svc.ingest()
+    limits = svc.settings.service
+    max_bytes = int(limits.max_upload_mb * 1e6)
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > max_bytes * limits.max_upload_files + 1_000_000:
+        raise TooLargeError(
+            f"the request is {int(length) / 1e6:.0f} MB", where="body", fix="upload fewer or smaller PDFs"
+        )
+    ctype = request.headers.get("content-type", "")
+    if not ctype.startswith("multipart/form-data"):
+        raise InputError(
+            "POST /ingest takes a multipart form",
+            where="Content-Type",
+            fix="send files=@paper.pdf or arxiv_ids=...",
+        )
+    try:
+        form = await request.form(max_files=limits.max_upload_files, max_fields=4, max_part_size=64_000)
+    except Exception as exc:  # python-multipart / starlette parse errors: a bad request, not a 500
+        raise InputError(
+            f"unreadable form: {exc}", where="body", fix="send a multipart/form-data body"
+        ) from exc
+    uploads: list[tuple[str, bytes]] = []
+    raw_ids = ""
+    for key, value in form.multi_items():
+        if key == "files" and not isinstance(value, str):
+            data = await value.read(max_bytes + 1)
+            name = value.filename or "upload.pdf"
+            check_upload(name, data, max_bytes)
+            uploads.append((name, data))
+        elif key == "arxiv_ids" and isinstance(value, str):
+            raw_ids += " " + value
+        else:
+            raise InputError(
+                f"unexpected form field {key!r}", where="body", fix="send only 'files' and 'arxiv_ids'"
+            )
+    ids = parse_arxiv_ids(raw_ids)
+    if not uploads and not ids:
+        raise InputError("nothing to ingest", where="body", fix="attach PDFs as 'files' or list 'arxiv_ids'")
+    return await asyncio.to_thread(jobs.submit, uploads, ids)
+
+
+@api.get("/ingest/{job_id}", response_model=IngestJob, summary="An ingest job's progress and result")
+async def ingest_job(job_id: str, request: Request) -> IngestJob:
+    return _svc(request).ingest().get(job_id)
+
+
+@api.get("/ingest", response_model=list[IngestJob], summary="Recent ingest jobs, newest first")
+async def ingest_jobs(request: Request) -> list[IngestJob]:
+    return _svc(request).ingest().all()

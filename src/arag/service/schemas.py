@@ -1,0 +1,227 @@
+"""What the API reads and writes. Requests are validated here (lengths, ranges, unknown fields), so a
+bad request is a 4xx with a message before any work starts."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from arag.agent.graph import MAX_QUESTION_CHARS
+from arag.library.build import BuildSummary
+from arag.library.state import Failure, PaperRow
+from arag.records import Answer, NodeEvent
+from arag.retrieval.pipeline import SearchResult, found_by
+
+MAX_PAPERS = 50
+_ARXIV_ID = re.compile(r"^(\d{4}\.\d{4,5}|[a-z\-]+(\.[A-Z]{2})?/\d{7})(v\d+)?$")
+
+
+def arxiv_url(paper_id: str) -> str | None:
+    """The arXiv abstract page of a paper id, when the id is an arXiv id (PDFs added by hand are not)."""
+    return f"https://arxiv.org/abs/{paper_id}" if _ARXIV_ID.match(paper_id) else None
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class QueryRequest(_Request):
+    question: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS, description="the research question")
+    papers: list[str] | None = Field(
+        default=None, max_length=MAX_PAPERS, description="answer only from these paper ids"
+    )
+
+
+class SearchRequest(_Request):
+    query: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS, description="a question or keywords")
+    papers: list[str] | None = Field(default=None, max_length=MAX_PAPERS)
+    k: int = Field(default=10, ge=1, le=50, description="how many ranked passages to return")
+
+
+class ChatRequest(_Request):
+    session_id: str = Field(min_length=1, max_length=64, description="letters, digits, '-', '_' and '.'")
+    message: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS)
+    rewrite: bool = Field(default=True, description="rewrite a follow-up into a standalone question")
+    papers: list[str] | None = Field(default=None, max_length=MAX_PAPERS)
+
+
+class QueryResponse(Answer):
+    """The agent's answer (short answer, text with [n] markers, citations with support scores, every
+    chunk it retrieved with its score, sub-queries, retries, timings per node) and the request id."""
+
+    request_id: str
+
+
+class ChatResponse(QueryResponse):
+    session_id: str
+    message: str = Field(description="the message as sent; `question` is the standalone question asked")
+
+
+class SearchHit(BaseModel):
+    rank: int
+    chunk_id: str
+    paper_id: str
+    title: str
+    section: str | None
+    type: str
+    text: str
+    arxiv_url: str | None
+    score: float = Field(description="the final score (rerank score combined with the fused rank)")
+    rerank_score: float | None
+    fused_rank: int
+    fused_score: float
+    found_by: list[str]
+    stage_ranks: dict[str, int] = Field(description="1-based rank in each search that found it")
+    kept: bool = Field(description="passed the reranker's bars: would be evidence for an answer")
+    floored: bool
+
+
+class SearchResponse(BaseModel):
+    request_id: str
+    query: str
+    searched_as: str = Field(description="the query the searches ran (without a named paper's title)")
+    resolved_paper: str | None = Field(description="the paper the query named, if it named one")
+    model: str
+    hits: list[SearchHit]
+    timings: dict[str, float]
+
+    @classmethod
+    def build(cls, request_id: str, query: str, result: SearchResult) -> SearchResponse:
+        hyb = result.hybrid
+        ranks: dict[str, dict[str, int]] = {}
+        for name, hits in (
+            ("abstracts", hyb.dense_abstracts),
+            ("passages", hyb.dense_passages),
+            ("bm25", hyb.bm25),
+        ):
+            for i, h in enumerate(hits, 1):
+                ranks.setdefault(h.chunk.id, {})[name] = i
+        kept = {h.chunk.id for h in result.kept}
+        by = found_by(hyb)
+        out = [
+            SearchHit(
+                rank=i,
+                chunk_id=h.chunk.id,
+                paper_id=h.chunk.paper_id,
+                title=h.chunk.title,
+                section=h.chunk.section,
+                type=h.chunk.type,
+                text=h.chunk.text,
+                arxiv_url=arxiv_url(h.chunk.paper_id),
+                score=round(h.score, 4),
+                rerank_score=None if h.rerank_score is None else round(h.rerank_score, 4),
+                fused_rank=h.fused_rank,
+                fused_score=round(h.fused_score, 6),
+                found_by=h.found_by or by.get(h.chunk.id, []),
+                stage_ranks=ranks.get(h.chunk.id, {}),
+                kept=h.chunk.id in kept,
+                floored=h.floored,
+            )
+            for i, h in enumerate(result.ranked, 1)
+        ]
+        return cls(
+            request_id=request_id,
+            query=query,
+            searched_as=hyb.query or query,
+            resolved_paper=hyb.resolved.paper_id if hyb.resolved else None,
+            model=result.model,
+            hits=out,
+            timings=result.timings,
+        )
+
+
+class PaperOut(BaseModel):
+    id: str
+    title: str
+    year: int | None
+    authors: list[str]
+    source: str
+    arxiv_url: str | None
+    chunks: int
+    topic: int | None
+    topic_label: str | None
+
+    @classmethod
+    def of(cls, row: PaperRow) -> PaperOut:
+        return cls(
+            id=row.id,
+            title=row.title,
+            year=row.year,
+            authors=row.authors,
+            source=row.source,
+            arxiv_url=arxiv_url(row.id),
+            chunks=row.n_chunks,
+            topic=row.topic,
+            topic_label=row.topic_label,
+        )
+
+
+class PaperDetail(PaperOut):
+    abstract: str
+
+    @classmethod
+    def of(cls, row: PaperRow) -> PaperDetail:
+        # The recorded text is the abstract chunk as embedded: "Title: ...\nSection: Abstract\n" first.
+        abstract = re.sub(r"^Title: [^\n]*\n(Section: [^\n]*\n)?", "", row.abstract_text)
+        return cls(**PaperOut.of(row).model_dump(), abstract=abstract)
+
+
+class PaperList(BaseModel):
+    total: int = Field(description="papers matching the filter")
+    offset: int
+    limit: int
+    papers: list[PaperOut]
+
+
+JobState = Literal["queued", "running", "done", "failed"]
+
+
+class IngestJob(BaseModel):
+    id: str
+    state: JobState
+    files: list[str] = Field(description="uploaded file names, as sent")
+    arxiv_ids: list[str]
+    done: int = 0
+    total: int = 0
+    created: float
+    finished: float | None = None
+    summary: BuildSummary | None = None
+    failures: list[Failure] = Field(default_factory=list, description="documents skipped, and why")
+    error: str | None = None
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Ready(BaseModel):
+    ready: bool
+    papers: int
+    chunks: int
+    checks: dict[str, str]
+
+
+class SystemInfo(BaseModel):
+    version: str
+    versions: dict[str, str]
+    models: dict[str, str]
+    library: dict[str, int | str]
+    settings: dict[str, str | int | float | bool | list[str]]
+    pool: dict[str, int]
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="what failed")
+    where: str | None = None
+    fix: str | None = Field(default=None, description="what to do about it")
+    status: int
+    request_id: str | None = None
+
+
+class TokenEvent(BaseModel):
+    text: str
+
+
+StreamEvent = NodeEvent | TokenEvent
