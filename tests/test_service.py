@@ -296,3 +296,51 @@ def test_ingest_uploads_and_rejects(tmp_path: Path, lib_dir: Path, shared_dir: P
         ]  # no path from the name
         assert c.get("/ready").json()["ready"]
         assert c.get("/ingest/000000000000").status_code == 404
+
+
+def test_ingest_fetches_arxiv_ids_and_caps_uploads(tmp_path: Path, lib_dir: Path, shared_dir: Path) -> None:
+    """arXiv ids are fetched from the configured PDF URL (a local server here, never the network);
+    an id the server does not have is a listed failure; an upload over the limit is a 413."""
+    import http.server
+
+    pdf = next((shared_dir / "pdfs").glob("*.pdf")).read_bytes()
+
+    class PDFs(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            found = self.path == "/pdf/2203.00130"
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Type", "application/pdf")
+            self.end_headers()
+            if found:
+                self.wfile.write(pdf)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), PDFs)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    data = copy_library(lib_dir, tmp_path / "lib")
+    settings = get_settings(
+        data_dir=data,
+        **SMALL,
+        arxiv={"pdf_url": f"http://127.0.0.1:{server.server_port}/pdf/{{id}}", "retries": 0, "delay_s": 0},
+        service={"max_upload_mb": 0.05},
+    )
+    try:
+        with Library(settings, llm=echo_llm()) as lib, TestClient(create_app(settings, library=lib)) as c:
+            r = c.post("/ingest", files=[("files", ("big.pdf", b"%PDF-" + b"x" * 60_000, "application/pdf"))])
+            assert r.status_code == 413 and "at most" in r.json()["error"]
+            r = c.post("/ingest", data={"arxiv_ids": "arXiv:2203.00130, 1111.11111"})
+            assert r.status_code == 202, r.text
+            job = r.json()
+            assert job["arxiv_ids"] == ["2203.00130", "1111.11111"]
+            deadline = time.monotonic() + 120
+            while job["state"] in ("queued", "running") and time.monotonic() < deadline:
+                time.sleep(0.2)
+                job = c.get(f"/ingest/{job['id']}").json()
+            assert job["state"] == "done", job
+            assert job["summary"]["papers_added"] == 1
+            assert [(f["key"], f["source"]) for f in job["failures"]] == [("1111.11111", "arxiv")]
+            assert c.get("/papers").json()["total"] == 7
+    finally:
+        server.shutdown()

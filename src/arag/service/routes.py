@@ -292,7 +292,10 @@ _INGEST_BODY = {
                         "arxiv_ids": {"type": "string", "description": "comma- or space-separated arXiv ids"},
                     },
                 }
-            }
+            },
+            "application/x-www-form-urlencoded": {
+                "schema": {"type": "object", "properties": {"arxiv_ids": {"type": "string"}}}
+            },
         }
     }
 }
@@ -317,11 +320,11 @@ async def ingest(request: Request) -> IngestJob:
             f"the request is {int(length) / 1e6:.0f} MB", where="body", fix="upload fewer or smaller PDFs"
         )
     ctype = request.headers.get("content-type", "")
-    if not ctype.startswith("multipart/form-data"):
+    if not ctype.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
         raise InputError(
-            "POST /ingest takes a multipart form",
+            "POST /ingest takes a form (multipart for files)",
             where="Content-Type",
-            fix="send files=@paper.pdf or arxiv_ids=...",
+            fix="send files=@paper.pdf and/or arxiv_ids=... as form fields",
         )
     try:
         form = await request.form(max_files=limits.max_upload_files, max_fields=4, max_part_size=64_000)
