@@ -82,9 +82,21 @@ class EmbeddingSettings(BaseModel):
 class StoreSettings(BaseModel):
     """The index engine."""
 
-    backend: Literal["qdrant-edge"] = "qdrant-edge"
+    # edge: Qdrant Edge embedded in the process (the index lives in <data_dir>/index); qdrant: a Qdrant
+    # server or cluster at qdrant_url (or qdrant-client's local mode); auto: qdrant when qdrant_url
+    # is set, else edge.
+    backend: Literal["auto", "edge", "qdrant"] = "auto"
+    # qdrant only: the collection, and how it is laid out when arag creates it.
+    collection: str = "arag"
+    shards: int = Field(default=1, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
     # Papers embedded and written per step: bigger batches pad less, smaller ones lose less on a crash.
     papers_per_batch: int = 24
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _old_backend_name(cls, v: Any) -> Any:
+        return "edge" if v == "qdrant-edge" else v  # the name before the qdrant backend existed
 
 
 class RetrievalSettings(BaseModel):
@@ -264,6 +276,10 @@ class Settings(BaseSettings):
     chunking: ChunkSettings = Field(default_factory=ChunkSettings)
     embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
+    # A Qdrant server or cluster (http://host:6333) for the qdrant store backend; ":memory:" or
+    # "path:/some/dir" use qdrant-client's local mode (tests, small experiments).
+    qdrant_url: str | None = None
+    qdrant_api_key: SecretStr | None = None
     topics: TopicSettings = Field(default_factory=TopicSettings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     rerank: RerankSettings = Field(default_factory=RerankSettings)
