@@ -192,3 +192,55 @@ def bench_service(
         console.print(f"wrote {json_out}")
     if r.completed < r.clients:
         raise typer.Exit(1)
+
+
+@bench_app.command("scale")
+@handle_errors
+def bench_scale(
+    sizes: Annotated[
+        str, typer.Option(help="Chunk counts to build, comma-separated.")
+    ] = "25000,100000,400000",
+    queries: Annotated[int, typer.Option(help="QASPER validation questions to time.")] = 100,
+    workdir: Annotated[
+        Path | None, typer.Option(help="Where to build the indexes (default: a temporary folder, removed).")
+    ] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
+) -> None:
+    """Build and query cost, memory and disk of the embedded store at growing chunk counts (synthetic
+    chunks from the built library's text and vectors)."""
+    import shutil
+    import tempfile
+
+    from arag.bench.scale import run_scale_bench
+    from arag.errors import InputError
+    from arag.eval.retrieval import default_questions_path, library_query, load_questions
+
+    try:
+        wanted = [int(s) for s in sizes.split(",") if s.strip()]
+    except ValueError as exc:
+        raise InputError(f"bad --sizes {sizes!r}", where="--sizes", fix="e.g. --sizes 25000,100000") from exc
+    settings = load_settings()
+    qs = [library_query(q) for q in load_questions(default_questions_path(), limit=queries)]
+    work = workdir or Path(tempfile.mkdtemp(prefix="arag-scale-"))
+    try:
+        console.print(f"[dim]building {', '.join(map(str, wanted))} chunks in {work}…[/]")
+        r = run_scale_bench(settings.data_dir, work, wanted, qs)
+    finally:
+        if workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    table = Table(title=f"embedded store at scale ({r.base_chunks} real chunks cycled)", title_justify="left")
+    for col in ("chunks", "upsert s", "optimize s", "disk MiB", "open s", "RSS MiB", "dense ms", "BM25 ms",
+                "hybrid ms"):  # fmt: skip
+        table.add_column(col, justify="right")
+    for p in r.points:
+        table.add_row(
+            f"{p.chunks:,}", f"{p.upsert_s}", f"{p.optimize_s}", f"{p.disk_mib:.0f}", f"{p.open_s}",
+            f"{p.rss_mib:.0f}", f"{p.dense_ms}", f"{p.sparse_ms}", f"{p.hybrid_ms}",
+        )  # fmt: skip
+    console.print(table)
+    console.print(
+        f"per 100k chunks: {r.per_100k_disk_mib:.0f} MiB disk, {r.per_100k_rss_mib:.0f} MiB RSS when open"
+    )
+    if json_out:
+        json_out.write_text(r.model_dump_json(indent=2))
+        console.print(f"wrote {json_out}")

@@ -41,9 +41,11 @@ def _register_subapps() -> None:
     from arag.eval.cli import eval_app
 
     register_ask(app)
+    from arag.cli.mcp import register as register_mcp
     from arag.cli.serve import serve_cmd
 
     app.command("serve")(serve_cmd)
+    register_mcp(app)
     app.add_typer(
         corpus_app, name="corpus", help="Select papers from arXiv into a manifest and fetch their PDFs."
     )
