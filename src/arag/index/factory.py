@@ -2,14 +2,46 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+from arag.errors import ConfigError
 from arag.index.store import Store
 from arag.settings import Settings
 
 
+def store_backend(settings: Settings) -> Literal["edge", "qdrant"]:
+    """The backend in force: ``auto`` means qdrant when ``qdrant_url`` is set, else edge."""
+    backend = settings.store.backend
+    if backend == "auto":
+        return "qdrant" if settings.qdrant_url else "edge"
+    return backend
+
+
 def open_store(settings: Settings, dim: int, *, create: bool = True) -> Store:
     """The store for these settings (Qdrant Edge in the data directory by default)."""
-    if settings.store.backend == "qdrant-edge":
+    backend = store_backend(settings)
+    if backend == "edge":
         from arag.index.qdrant_edge import EdgeStore
 
         return EdgeStore.open(settings.index_dir, dim, create=create, threads=settings.threads)
-    raise AssertionError(f"unknown store backend {settings.store.backend!r}")  # settings validate the literal
+    if backend == "qdrant":
+        from arag.index.qdrant_server import QdrantServerStore
+
+        if not settings.qdrant_url:
+            raise ConfigError(
+                "the qdrant store backend needs a server address",
+                where="ARAG_STORE__BACKEND=qdrant",
+                fix="set ARAG_QDRANT_URL (http://host:6333, or :memory: / path:DIR for local mode), "
+                "or ARAG_STORE__BACKEND=edge",
+            )
+        key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key is not None else None
+        return QdrantServerStore.open(
+            settings.qdrant_url,
+            dim,
+            collection=settings.store.collection,
+            api_key=key,
+            create=create,
+            shards=settings.store.shards,
+            replication_factor=settings.store.replication_factor,
+        )
+    raise AssertionError(f"unknown store backend {backend!r}")  # settings validate the literal
