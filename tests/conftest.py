@@ -29,7 +29,18 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     monkeypatch.setenv("ARAG_DATA_DIR", str(data))
     monkeypatch.setenv("ARAG_CONFIG", str(cfg))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for var in ("ARAG_EMBEDDING__PROVIDER", "ARAG_CORPUS__QASPER_PATH", "ARAG_CORPUS__MAX_PAPERS"):
+    for var in (
+        "ARAG_EMBEDDING__PROVIDER",
+        "ARAG_CORPUS__QASPER_PATH",
+        "ARAG_CORPUS__MAX_PAPERS",
+        # A server named in the shell must not receive every test's writes (the contract suite reads
+        # the variable itself, at collection time).
+        "ARAG_QDRANT_URL",
+        "ARAG_QDRANT_API_KEY",
+        "ARAG_STORE__BACKEND",
+        "ARAG_STORE__COLLECTION",
+        "ARAG_API_KEYS",
+    ):
         monkeypatch.delenv(var, raising=False)
     return data
 

@@ -153,6 +153,46 @@ def library_status_cmd(
     console.print(f"[dim]{ATTRIBUTION}[/]")
 
 
+@library_app.command("migrate")
+@handle_errors
+def library_migrate(
+    to: Annotated[
+        str,
+        typer.Option("--to", help="A Qdrant URL (http://host:6333), or :memory: / path:DIR (local mode)."),
+    ],
+    collection: Annotated[
+        str | None, typer.Option(help="The target collection (default: ARAG_STORE__COLLECTION).")
+    ] = None,
+    batch: Annotated[int, typer.Option(min=1, help="Points read and written per step.")] = 256,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Delete the target collection first if it holds points.")
+    ] = False,
+) -> None:
+    """Copy the library's index to a Qdrant server (vectors and payload as they are), then verify it."""
+    from arag.library.migrate import migrate_library
+
+    settings = load_settings()
+    with build_progress("copying points", unit="points") as progress:
+        report = migrate_library(
+            settings, to, collection=collection, batch=batch, replace=replace, progress=progress
+        )
+    table = Table(title=f"library migrate -> {report.target}", show_header=False, title_justify="left")
+    table.add_row("points copied", f"{report.points} (target holds {report.target_points})")
+    table.add_row("chunks by type", ", ".join(f"{k} {v}" for k, v in sorted(report.by_type.items())) or "-")
+    table.add_row(
+        "target by type", ", ".join(f"{k} {v}" for k, v in sorted(report.target_by_type.items())) or "-"
+    )
+    table.add_row("sample verified", f"{report.sampled} points, min cosine {report.min_cosine:.6f}")
+    table.add_row("seconds", f"{report.seconds:.1f}")
+    console.print(table)
+    coll = collection or settings.store.collection
+    console.print(
+        f"verified. To search it: ARAG_QDRANT_URL={escape(to)} ARAG_STORE__COLLECTION={escape(coll)}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 @library_app.command("topics")
 @handle_errors
 def library_topics(

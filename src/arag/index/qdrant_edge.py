@@ -323,6 +323,71 @@ class EdgeStore:
         query = qe.Query.Nearest(qe.SparseVector(list(vector.indices), list(vector.values)), using=SPARSE)
         return self._search(query, limit, flt, "sparse")
 
+    def hybrid_search(
+        self,
+        vector: np.ndarray,
+        terms: SparseVector,
+        limit: int,
+        flt: SearchFilter | None = None,
+        *,
+        prefetch_limit: int | None = None,
+        rrf_k: int = 60,
+    ) -> list[ScoredChunk]:
+        """Dense and BM25 searches fused by RRF in the engine, one query; source "hybrid".
+
+        The engine's RRF gives ``1 / (k + rank - 1)`` (rank from 1); arag's own fusion
+        (:mod:`arag.retrieval.fusion`) gives ``1 / (k + rank)`` and breaks ties differently.
+        """
+        vec = np.asarray(vector, dtype=np.float32).reshape(-1)
+        if vec.shape[0] != self.dim:
+            raise StoreError(
+                f"query vector has {vec.shape[0]} dimensions, the index has {self.dim}",
+                where=str(self.path),
+                fix=f"embed queries with the model the index was built with, or {_REBUILD_FIX}",
+            )
+        if limit <= 0 or _matches_nothing(flt):
+            return []
+        pl = prefetch_limit or limit
+        qfilter = build_filter(flt)
+        prefetches = [qe.Prefetch(pl, query=qe.Query.Nearest(vec.tolist(), using=DENSE), filter=qfilter)]
+        if terms.indices:
+            sv = qe.SparseVector(list(terms.indices), list(terms.values))
+            prefetches.append(qe.Prefetch(pl, query=qe.Query.Nearest(sv, using=SPARSE), filter=qfilter))
+        fusion: Any = qe.Fusion.Rrf(k=rrf_k)  # the stubs type `query` as Fusion, not its variants
+        request = qe.QueryRequest(
+            limit=limit, query=fusion, prefetches=prefetches, filter=qfilter, with_payload=True
+        )
+        with self._engine("hybrid search"):
+            hits = self._live().query(request)
+        return [
+            ScoredChunk(chunk=Chunk(**(h.payload or {})), score=float(h.score), source="hybrid") for h in hits
+        ]
+
+    def scroll_points(self, batch: int = 256) -> Iterator[tuple[list[Chunk], np.ndarray, list[SparseVector]]]:
+        """Every point as (chunks, dense rows, sparse vectors), ``batch`` at a time (for migrations)."""
+        offset: Any = None
+        while True:
+            request = qe.ScrollRequest(offset=offset, limit=batch, with_payload=True, with_vector=True)
+            with self._engine("scroll"):
+                records, offset = self._live().scroll(request)
+            if records:
+                dense = np.zeros((len(records), self.dim), dtype=np.float32)
+                sparse: list[SparseVector] = []
+                for row, rec in enumerate(records):
+                    vec = rec.vector if isinstance(rec.vector, dict) else {}
+                    if DENSE in vec:
+                        dense[row] = np.asarray(vec[DENSE], dtype=np.float32)
+                    sv = vec.get(SPARSE)
+                    if isinstance(sv, qe.SparseVector):
+                        sparse.append(
+                            SparseVector(indices=list(sv.indices), values=[float(v) for v in sv.values])
+                        )
+                    else:  # a point stored without terms has no sparse vector at all
+                        sparse.append(SparseVector(indices=[], values=[]))
+                yield [Chunk(**(rec.payload or {})) for rec in records], dense, sparse
+            if offset is None:
+                return
+
     def count(self, flt: SearchFilter | None = None) -> int:
         """Exact number of chunks matching ``flt``."""
         if _matches_nothing(flt):

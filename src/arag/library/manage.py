@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from arag.corpus.qasper import load_qasper
-from arag.errors import InputError
+from arag.errors import InputError, StoreError
 from arag.index.store import Store
 from arag.library.build import BuildSummary, LibraryBuilder, Progress
 from arag.library.state import Failure, LibraryState, PaperRow
@@ -20,12 +20,40 @@ from arag.settings import Settings
 
 def reset_library(settings: Settings) -> None:
     """Delete the index and the build state (the embedding cache is kept: vectors stay valid)."""
+    from arag.index.factory import store_backend
+
+    if store_backend(settings) == "qdrant":
+        _drop_collection(settings)
     if settings.index_dir.exists():
         shutil.rmtree(settings.index_dir)
     for suffix in ("", "-wal", "-shm"):
         p = Path(str(settings.state_db) + suffix)
         if p.exists():
             p.unlink()
+
+
+def _drop_collection(settings: Settings) -> None:
+    """Empty the server's collection (the state is deleted beside it: both start over)."""
+    from arag.index.qdrant_server import QdrantServerStore
+
+    state = LibraryState(settings.state_db)
+    try:
+        dim = state.get_meta("embedding_dim")
+    finally:
+        state.close()
+    if dim is None or not settings.qdrant_url:
+        return
+    key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key is not None else None
+    try:
+        store = QdrantServerStore.open(
+            settings.qdrant_url, int(dim), collection=settings.store.collection, api_key=key, create=False
+        )
+    except StoreError:
+        return  # no collection: nothing to drop
+    try:
+        store.drop()
+    finally:
+        store.close()
 
 
 def build_library(
@@ -82,7 +110,7 @@ class LibraryStatus(BaseModel):
 
 def library_status(settings: Settings) -> LibraryStatus:
     """Figures about the library on disk; does not load any model."""
-    from arag.index.factory import open_store
+    from arag.index.factory import open_store, store_backend
 
     state = LibraryState(settings.state_db)
     try:
@@ -93,7 +121,7 @@ def library_status(settings: Settings) -> LibraryStatus:
             by_source[r.source] = by_source.get(r.source, 0) + 1
         chunks_by_type: dict[str, int] = {}
         index_bytes = 0
-        if dim is not None and settings.index_dir.exists():
+        if dim is not None and (settings.index_dir.exists() or store_backend(settings) == "qdrant"):
             store = open_store(settings, int(dim), create=False)
             try:
                 chunks_by_type = store.count_by_type()
