@@ -54,7 +54,7 @@ def sse_events(text: str) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for block in text.split("\n\n"):
         event, data = "message", []
-        for line in block.splitlines():
+        for line in block.split("\n"):  # not splitlines: JSON may hold U+2028 and friends
             if line.startswith("event:"):
                 event = line[6:].strip()
             elif line.startswith("data:"):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from arag.agent.deps import AgentDeps
 from arag.agent.state import AgentState, ContextPassage, Evidence, Step
-from arag.agent.terms import key_terms, sentences, strip_placeholders
+from arag.agent.terms import key_terms, sentences, strip_instructions, strip_placeholders
 from arag.index.sparse import tokenize
 from arag.settings import AgentSettings
 
@@ -71,11 +71,12 @@ def build_context(
             best[e.query] = e
     firsts = {e.chunk.id for e in best.values()}
     passages: list[ContextPassage] = []
-    used = total_sents = kept_sents = dropped = 0
+    used = total_sents = kept_sents = dropped = instructions = 0
     for e in order_evidence(evidence):
         if len(passages) >= settings.max_passages:
             break
-        text = strip_placeholders(e.chunk.text)
+        text, removed = strip_instructions(strip_placeholders(e.chunk.text))
+        instructions += removed
         kept, n_sents = prune_sentences(text, terms, settings.neighbour_sentences)
         total_sents += n_sents
         if not kept:
@@ -101,6 +102,7 @@ def build_context(
         "sentences_kept": kept_sents,
         "sentences_seen": total_sents,
         "dropped": dropped,
+        "instructions_removed": instructions,
     }
     return passages, counts
 
@@ -140,6 +142,8 @@ def make_context(deps: AgentDeps):
             f"{len(passages)} passages, {int(counts['tokens'])} tokens "
             f"(kept {counts['sentences_kept'] / seen:.0%} of sentences)"
         )
+        if counts["instructions_removed"]:
+            decision += f"; removed {int(counts['instructions_removed'])} instruction-like sentence(s)"
         return Step({"context": passages}, decision, counts)
 
     return context

@@ -77,7 +77,11 @@ class ContextPassage(BaseModel):
 
     @property
     def full_text(self) -> str:
-        return f"{self.chunk.section}: {self.chunk.text}" if self.chunk.section else self.chunk.text
+        """The passage as the verifier reads it: the whole chunk, less instructions to the model."""
+        from arag.agent.terms import strip_instructions
+
+        text = strip_instructions(self.chunk.text)[0]
+        return f"{self.chunk.section}: {text}" if self.chunk.section else text
 
 
 class Draft(BaseModel):

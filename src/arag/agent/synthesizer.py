@@ -20,7 +20,14 @@ from arag.agent.context import format_passages
 from arag.agent.deps import AgentDeps, ask
 from arag.agent.hooks import current_hooks
 from arag.agent.state import AgentState, ContextPassage, Draft, Grade, Step
-from arag.agent.terms import clean_citations, key_terms, sentences, strip_placeholders
+from arag.agent.terms import (
+    clean_citations,
+    key_terms,
+    sentences,
+    strip_citations,
+    strip_instructions,
+    strip_placeholders,
+)
 from arag.errors import AragError, Cancelled
 from arag.index.sparse import tokenize
 from arag.llm.base import ChatMessage
@@ -57,7 +64,7 @@ def extractive_draft(question: str, answer_type: AnswerType, passages: list[Cont
     terms = key_terms(strip_lead(question))
     scored: list[tuple[float, int, int, str]] = []
     for p in passages:
-        for j, s in enumerate(sentences(strip_placeholders(p.chunk.text))):
+        for j, s in enumerate(sentences(strip_instructions(strip_placeholders(p.chunk.text))[0])):
             if not _MIN_WORDS <= len(s.split()) <= _MAX_WORDS:
                 continue
             have = set(tokenize(s))
@@ -76,7 +83,8 @@ def extractive_draft(question: str, answer_type: AnswerType, passages: list[Cont
             break
     if not picked:
         return abstain_draft("no sentence of the passages holds the question's terms")
-    best = picked[0][1]
+    # The paper's own reference markers ("as in [1] and [2]") would read as citations of the context.
+    best = strip_citations(picked[0][1])
     if answer_type == "yes_no":
         short = extractive_yes_no(best)
     elif answer_type == "span" and re.match(r"^\s*how\s+(?:many|much)\b", strip_lead(question), re.I):

@@ -158,7 +158,12 @@ def create_app(settings: Settings | None = None, *, library: Library | None = No
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        fix = "see /docs for the API's routes and methods" if exc.status_code in (404, 405) else None
+        fixes = {
+            400: "send a valid JSON body (UTF-8) as the schema at /docs describes",
+            404: "see /docs for the API's routes and methods",
+            405: "see /docs for the API's routes and methods",
+        }
+        fix = fixes.get(exc.status_code)
         body = ErrorBody(
             error=str(exc.detail),
             where=request.url.path,

@@ -62,9 +62,10 @@ api = APIRouter(dependencies=[Depends(_guard)], responses=_ERRORS)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_DOC = (
     "Server-Sent Events: `start` ({request_id, question}); `node` per agent step as it finishes "
-    "(node, ms, decision, counts); `token` ({text}) as the answer is generated, where the LLM "
-    "streams; then `answer` (the full result, as POST /query returns it), or `error` (status, "
-    "error, where, fix). A client that disconnects stops the run at its next step."
+    "(node, ms, decision, counts); `token` ({text}) as the LLM writes the answer, where it "
+    "streams: an unverified draft; then `answer`, the verified result as POST /query returns it "
+    "(unsupported claims dropped), or `error` (status, error, where, fix). A client that "
+    "disconnects stops the run at its next step or token."
 )
 
 

@@ -37,7 +37,7 @@ class QueryRequest(_Request):
 class SearchRequest(_Request):
     query: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS, description="a question or keywords")
     papers: list[str] | None = Field(default=None, max_length=MAX_PAPERS)
-    k: int = Field(default=10, ge=1, le=50, description="how many ranked passages to return")
+    k: int = Field(default=10, ge=1, le=50, strict=True, description="how many ranked passages to return")
 
 
 class ChatRequest(_Request):
