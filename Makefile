@@ -13,7 +13,7 @@ export MKL_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: venv serve test test-fast lint bench clean-venv
+.PHONY: venv serve test test-fast lint bench stress clean-venv
 
 venv: $(STAMP)
 
@@ -47,6 +47,14 @@ lint: venv
 
 bench: venv
 	$(BIN)/arag bench build --papers 100
+
+# Reliability: kill builds and resume, broken PDFs, API fuzzing and 2 minutes of load (each prints its
+# figures and fails on a problem). STRESS_LIBRARY=<data dir> loads a built library instead of a small one.
+stress: venv
+	$(BIN)/arag stress crash --papers 100 --kills 5
+	$(BIN)/arag stress bad-pdfs
+	$(BIN)/arag stress api $(if $(STRESS_LIBRARY),--library $(STRESS_LIBRARY))
+	$(BIN)/python -m pytest -q tests/test_stress_api.py -k "inject or payload or prompt or marker or token"
 
 clean-venv:
 	rm -rf $(VENV)

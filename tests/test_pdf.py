@@ -274,7 +274,7 @@ def test_bad_files_are_reported_while_good_ones_ingest(
     assert "truncated" in reasons["cut.pdf"]
     assert "empty (0 bytes)" in reasons["empty.pdf"]
     assert "no extractable text" in reasons["scan.pdf"] and "scanned/image-only" in reasons["scan.pdf"]
-    assert "not a readable PDF" in reasons["x.pdf"]
+    assert "not a PDF" in reasons["x.pdf"]
     assert "no such file" in reasons["missing.pdf"]
     assert all(isinstance(f, IngestFailure) and "fix:" in f.reason for f in failures)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -282,7 +282,7 @@ def test_bad_files_are_reported_while_good_ones_ingest(
 
 
 @pytest.mark.parametrize(
-    ("name", "what"), [("x.pdf", "not a readable PDF"), ("empty.pdf", "empty"), ("cut.pdf", "truncated")]
+    ("name", "what"), [("x.pdf", "not a PDF"), ("empty.pdf", "empty"), ("cut.pdf", "truncated")]
 )
 def test_paper_from_pdf_raises_ingest_error(mixed_dir: Path, name: str, what: str) -> None:
     with pytest.raises(IngestError) as err:

@@ -149,10 +149,12 @@ def coverage(terms: Iterable[str], passage_terms: set[str]) -> float:
 # one, nor count as support for X. Narrow on purpose: a paper that *discusses* prompts is rarely
 # phrased as an imperative to the reader's assistant.
 _INSTRUCTION = re.compile(
-    r"\b(?:ignore|disregard|forget|override)\b[^.!?]{0,40}\b(?:instructions?|prompts?|rules|guidelines)\b"
-    r"|\b(?:reveal|repeat|print|show|output|leak)\b[^.!?]{0,20}\b(?:system|hidden|initial)\s+(?:prompt|message|instructions?)\b"
-    r"|\byou\s+(?:are|must|should)\s+(?:now\s+)?(?:an?\s+)?(?:ai|assistant|language model|chatbot|llm)\b"
-    r"|\b(?:as an? (?:ai|assistant|language model))\b"
+    r"\b(?:ignore|disregard|forget|override)\s+(?:all\s+|any\s+)?(?:of\s+)?(?:the\s+)?"
+    r"(?:previous|prior|above|earlier|preceding|your|these|those|system)\b[^.!?]{0,20}"
+    r"\b(?:instructions?|prompts?|rules|guidelines|directions)\b"
+    r"|\b(?:reveal|repeat|print|show|output|leak)\b[^.!?]{0,20}\b(?:system|hidden|initial)\s+"
+    r"(?:prompt|message|instructions?)\b"
+    r"|\byou\s+(?:are|must|should)\s+now\b"
     r"|\bcite\b[^.!?]{0,30}\[\d+\]",
     re.I,
 )

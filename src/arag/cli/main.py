@@ -46,6 +46,9 @@ def _register_subapps() -> None:
 
     app.command("serve")(serve_cmd)
     register_mcp(app)
+    from arag.stress.cli import stress_app
+
+    app.add_typer(stress_app, name="stress", help="Reliability tests that print their figures (make stress).")
     app.add_typer(
         corpus_app, name="corpus", help="Select papers from arXiv into a manifest and fetch their PDFs."
     )
@@ -73,7 +76,7 @@ def _print_summary(summary: BuildSummary, title: str) -> None:
     table.add_row("seconds", f"{summary.seconds:.1f}")
     console.print(table)
     for f in summary.failures[:20]:
-        console.print(f"  [yellow]skipped[/] {f.key}: {f.reason}", highlight=False)
+        console.print(f"  [yellow]skipped[/] {escape(f.key)}: {escape(f.reason)}", highlight=False)
     if len(summary.failures) > 20:
         console.print(f"  ... and {len(summary.failures) - 20} more (see `arag library status`)")
 
@@ -149,7 +152,9 @@ def library_status_cmd(
         )
     console.print(table)
     for f in st.failures[:20]:
-        console.print(f"  [yellow]failed[/] {f.key} ({f.source}): {f.reason}", highlight=False)
+        console.print(
+            f"  [yellow]failed[/] {escape(f.key)} ({escape(f.source)}): {escape(f.reason)}", highlight=False
+        )
     console.print(f"[dim]{ATTRIBUTION}[/]")
 
 

@@ -1,0 +1,163 @@
+"""Shared plumbing of the stress tests: the real CLI in a subprocess, and what a library holds on disk."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel
+
+from arag.errors import AragError
+from arag.index.store import Store
+from arag.library.state import LibraryState
+from arag.settings import Settings, get_settings
+
+Echo = Callable[[str], None]
+
+
+def quiet(_: str) -> None:
+    """The default progress callback: say nothing."""
+
+
+def cli_command(*args: str) -> list[str]:
+    """``arag ARGS`` as this interpreter runs it (no reliance on an installed ``arag`` script)."""
+    return [sys.executable, "-c", "from arag.cli.main import app; app()", *args]
+
+
+def cli_env(data_dir: Path, **overrides: str) -> dict[str, str]:
+    """This process's environment with an explicit data directory and ``ARAG_*`` overrides."""
+    env = dict(os.environ)
+    env["ARAG_DATA_DIR"] = str(data_dir)
+    env.update(overrides)
+    # Rich wraps at 80 columns when not on a terminal; long paths in the output must stay whole.
+    env["COLUMNS"] = "400"
+    return env
+
+
+def library_settings(data_dir: Path, embedder: str, papers_per_batch: int | None = None) -> Settings:
+    """The settings a subprocess run with :func:`cli_env` sees (same environment, same data dir)."""
+    extra: dict = {"store": {"papers_per_batch": papers_per_batch}} if papers_per_batch else {}
+    return get_settings(data_dir=data_dir, embedding={"provider": embedder}, **extra)
+
+
+def make_workdir(workdir: Path | None, prefix: str) -> tuple[Path, bool]:
+    """The folder to work in, and whether it was created here (a temporary one)."""
+    if workdir is not None:
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        return workdir.resolve(), False
+    return Path(tempfile.mkdtemp(prefix=prefix)), True
+
+
+def tail(path: Path, chars: int = 1500) -> str:
+    """The end of a log file (for a problem message)."""
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+def copy_library(settings: Settings, dest: Path) -> Path:
+    """Copy the state and the index (not the caches) to ``dest``; return the copy's data dir.
+
+    Sparse files stay sparse (``cp --sparse=always``): the engine preallocates pages of holes.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in settings.data_dir.glob(settings.state_db.name + "*"):
+        shutil.copy2(p, dest / p.name)
+    if settings.index_dir.is_dir():
+        target = dest / settings.index_dir.name
+        cp = shutil.which("cp")
+        done = False
+        if cp is not None and sys.platform.startswith("linux"):
+            proc = subprocess.run(
+                [cp, "-a", "--sparse=always", str(settings.index_dir), str(target)], capture_output=True
+            )
+            done = proc.returncode == 0
+        if not done:
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(settings.index_dir, target)
+    return dest
+
+
+class LibrarySnapshot(BaseModel):
+    """A library as it lies on disk: what the build state records and what the store holds."""
+
+    recorded: dict[str, int] = {}  # paper id -> chunks the state records
+    state_topics: dict[str, int | None] = {}
+    chunks: dict[str, str] = {}  # chunk id -> paper id, from the store
+    chunk_topics: dict[str, int | None] = {}
+    store_count: int = 0  # what the engine's exact count says
+    index_exists: bool = False
+    search_hits: int = 0
+    problems: list[str] = []  # what could not even be read
+
+    def by_paper(self) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for cid, pid in self.chunks.items():
+            out.setdefault(pid, set()).add(cid)
+        return out
+
+
+def _scroll_chunks(store: Store) -> list[dict]:
+    """Every point's id, paper and topic. The Store protocol has no "list all chunks", so this
+    reads through the Qdrant Edge backend's own scroll."""
+    from arag.index.qdrant_edge import EdgeStore
+
+    if not isinstance(store, EdgeStore):
+        raise TypeError(f"cannot list the chunks of a {type(store).__name__}")
+    return list(store._scroll_payloads(["id", "paper_id", "topic"]))
+
+
+def snapshot(settings: Settings) -> LibrarySnapshot:
+    """Open the state and the index of ``settings.data_dir`` (no model is loaded) and read them."""
+    from arag.index.factory import open_store
+
+    snap = LibrarySnapshot()
+    try:
+        state = LibraryState(settings.state_db)
+    except AragError as exc:
+        snap.problems.append(f"the build state does not open: {exc}")
+        return snap
+    try:
+        rows = state.papers()
+        dim = state.get_meta("embedding_dim")
+    except Exception as exc:  # sqlite errors on a damaged file
+        snap.problems.append(f"the build state does not read: {exc}")
+        return snap
+    finally:
+        state.close()
+    snap.recorded = {r.id: r.n_chunks for r in rows}
+    snap.state_topics = {r.id: r.topic for r in rows}
+    if dim is None:
+        if rows:
+            snap.problems.append(f"{len(rows)} papers recorded but no embedding dimension in the state")
+        return snap  # killed before the builder recorded its model: there is no index to read
+    try:
+        store = open_store(settings, int(dim), create=False)
+    except AragError as exc:
+        if rows or settings.index_dir.exists():
+            snap.problems.append(f"the index does not open: {exc}")
+        return snap
+    snap.index_exists = True
+    try:
+        snap.store_count = store.count()
+        for payload in _scroll_chunks(store):
+            cid, pid = str(payload.get("id")), str(payload.get("paper_id"))
+            snap.chunks[cid] = pid
+            topic = payload.get("topic")
+            snap.chunk_topics[cid] = int(topic) if topic is not None else None
+        # A search must answer: a unit vector finds the nearest chunks of any non-empty index.
+        probe = np.full(int(dim), 1.0 / np.sqrt(int(dim)), dtype=np.float32)
+        snap.search_hits = len(store.dense_search(probe, 3))
+    except AragError as exc:
+        snap.problems.append(f"the index does not read: {exc}")
+    finally:
+        store.close()
+    return snap

@@ -1,0 +1,144 @@
+"""The reliability suite, small: the consistency checker, a crash-resume run, the bad-PDF run."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pymupdf
+import pytest
+from typer.testing import CliRunner
+
+from arag.index.factory import open_store
+from arag.library.manage import build_library, list_papers
+from arag.library.state import LibraryState
+from arag.settings import Settings, get_settings
+from arag.stress.bad_pdfs import BAD_KINDS, NOISE_PAGES, BadPdfReport, make_bad_pdfs
+from arag.stress.cli import stress_app
+from arag.stress.crash import CrashReport, check_consistency, run_crash_test
+
+runner = CliRunner()
+
+
+def _small_library(data_dir: Path) -> Settings:
+    s = get_settings(
+        data_dir=data_dir,
+        corpus={"max_papers": 6},
+        embedding={"provider": "hash"},
+        topics={"k": 3},
+        store={"papers_per_batch": 3},
+    )
+    build_library(s)
+    return s
+
+
+def test_checker_passes_a_built_library_and_finds_damage(tmp_path: Path, qasper_path: Path) -> None:
+    s = _small_library(tmp_path / "lib")
+    assert check_consistency(s) == []
+    first, second = list_papers(s)[:2]
+
+    # Points deleted behind the state's back: the state still records them.
+    store = open_store(s, 384, create=False)
+    store.delete_paper(first.id)
+    store.close()
+    problems = check_consistency(s)
+    assert problems == [f"paper {first.id}: the state records {first.n_chunks} chunks, the store holds 0"]
+
+    # A paper the state forgot: chunks of an unrecorded paper, allowed only right after a kill.
+    state = LibraryState(s.state_db)
+    state.forget_papers([first.id, second.id])
+    state.close()
+    final = check_consistency(s)
+    assert len(final) == 1 and f"1 unrecorded papers ({second.n_chunks} chunks)" in final[0]
+    assert "a finished build leaves none" in final[0]
+    assert check_consistency(s, after_kill=True) == []
+
+
+def test_checker_reports_a_missing_index(tmp_path: Path, qasper_path: Path) -> None:
+    s = _small_library(tmp_path / "lib")
+    shutil.rmtree(s.index_dir)
+    (problem,) = check_consistency(s)
+    assert problem.startswith("the index does not open")
+
+
+def test_crash_resume_ends_with_the_reference_chunks(tmp_path: Path, qasper_path: Path) -> None:
+    out = tmp_path / "crash.json"
+    res = runner.invoke(
+        stress_app,
+        ["crash", "--papers", "20", "--kills", "2", "--batch", "4", "--workdir", str(tmp_path / "w")]
+        + ["--json", str(out)],
+    )
+    report = CrashReport.model_validate_json(out.read_text())
+    assert res.exit_code == 0, (res.output, report.problems)
+    assert "PASS" in res.output and "after each kill" in res.output
+    killed = [k for k in report.kills if k.killed_at_s is not None]
+    assert report.passed and report.kills_done == len(killed) == 2
+    assert all(k.exit_code == -9 and not k.problems for k in killed)
+    assert report.chunk_ids_equal and report.final_chunks == report.reference_chunks > 20
+    assert report.final_papers == report.reference_papers == 20
+
+
+def test_the_bad_pdf_generator_writes_six_kinds(tmp_path: Path) -> None:
+    files = make_bad_pdfs(tmp_path)
+    assert tuple(files) == BAD_KINDS and all(p.is_file() for p in files.values())
+    assert files["zero-bytes"].stat().st_size == 0
+    corrupt = files["corrupt"].read_bytes()
+    assert corrupt.startswith(b"%PDF") and b"%%EOF" not in corrupt
+    with pymupdf.open(files["encrypted"]) as doc:
+        assert doc.needs_pass
+    with pymupdf.open(files["image-only"]) as doc:
+        assert doc.page_count == 1 and not doc[0].get_text().strip() and doc[0].get_images()
+    with pymupdf.open(files["noise"]) as doc:
+        assert doc.page_count == NOISE_PAGES and len(doc[NOISE_PAGES - 1].get_text()) > 1000
+    assert files["not-a-pdf"].read_bytes().startswith(b"\x89PNG")
+
+
+def test_bad_pdfs_are_reported_and_the_library_is_intact(tmp_path: Path, shared_dir: Path) -> None:
+    out = tmp_path / "bad.json"
+    res = runner.invoke(stress_app, ["bad-pdfs", "--workdir", str(tmp_path / "w"), "--json", str(out)])
+    report = BadPdfReport.model_validate_json(out.read_text())
+    assert res.exit_code == 0, (res.output, report.problems)
+    assert report.add_exit_code == 0 and report.earlier_chunks_unchanged
+    outcomes = {f.kind: f.outcome for f in report.files}
+    assert outcomes == dict.fromkeys(BAD_KINDS, "rejected")
+    assert all(f.reason and f.in_output for f in report.files if f.outcome == "rejected")
+    assert report.good and all(g.added and g.chunks > 0 for g in report.good)
+    assert report.papers_after == report.base_papers + len(report.good)
+
+
+def test_bad_pdfs_fails_when_the_good_pdfs_are_missing(tmp_path: Path, qasper_path: Path) -> None:
+    res = runner.invoke(
+        stress_app,
+        [
+            "bad-pdfs",
+            "--papers",
+            "1",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--good-pdfs",
+            str(tmp_path / "nope"),
+        ],
+    )
+    assert res.exit_code == 1, res.output
+    assert "FAIL" in res.output and "exited with" in res.output
+
+
+@pytest.mark.parametrize("cmd", ["crash", "bad-pdfs"])
+def test_an_unknown_embedder_is_a_settings_error(cmd: str, tmp_path: Path) -> None:
+    res = runner.invoke(stress_app, [cmd, "--embedder", "nonsense", "--workdir", str(tmp_path / "w")])
+    assert res.exit_code == 2
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_build_that_outruns_its_kills_starts_over_then_fails(
+    tmp_path: Path, qasper_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from arag.stress import crash
+
+    monkeypatch.setattr(crash, "_kill_targets", lambda *a: [1000.0])
+    report = run_crash_test(papers=4, kills=1, workdir=tmp_path, papers_per_batch=2)
+    assert not report.passed and report.kills_done == 0
+    assert [k.killed_at_s for k in report.kills] == [None, None, None]
+    assert all(k.exit_code == 0 and k.papers_recorded == 4 and not k.problems for k in report.kills)
+    assert report.problems == ["only 0 of 1 kills landed in 3 attempts"]
+    assert report.chunk_ids_equal and (tmp_path / "crashed").is_dir()
