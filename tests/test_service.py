@@ -211,7 +211,7 @@ def test_api_keys_and_rate_limits(library: Library) -> None:
         assert c.get("/papers", headers={"X-API-Key": "k2"}).status_code == 200  # limits are per key
 
 
-def test_full_queue_answers_503(library: Library) -> None:
+def test_full_queue_answers_503_and_searches_go_on(library: Library) -> None:
     settings = library.settings.model_copy(
         update={"service": library.settings.service.model_copy(update={"workers": 1, "queue_size": 0})}
     )
@@ -224,12 +224,16 @@ def test_full_queue_answers_503(library: Library) -> None:
         deadline = time.monotonic() + 5
         while pool.in_flight == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-        r = c.post("/search", json={"query": "modules"})
+        r = c.post("/query", json={"question": "What do the modules compute?"})
         assert r.status_code == 503 and r.headers["retry-after"] and "busy" in r.json()["error"]
+        r = c.post("/query/stream", json={"question": "What do the modules compute?"})
+        assert r.status_code == 503 and "busy" in r.json()["error"]
+        # Searches have their own workers: never queued behind answers waiting for the LLM.
+        assert c.post("/search", json={"query": "modules"}).status_code == 200
         assert c.get("/health").status_code == 200
         gate.set()
         blocker.join()
-        assert c.post("/search", json={"query": "modules"}).status_code == 200
+        assert c.post("/query", json={"question": "What do the modules compute?"}).status_code == 200
 
 
 def copy_library(lib_dir: Path, dest: Path) -> Path:

@@ -250,6 +250,9 @@ class ServiceSettings(BaseModel):
     workers: int = Field(default=4, ge=1)
     # Requests waiting for a worker before new ones get 503 (retry later).
     queue_size: int = Field(default=16, ge=0)
+    # Searches (retrieval only, tens of ms) run in a pool of their own: never queued behind answers
+    # that wait for the LLM.
+    search_workers: int = Field(default=2, ge=1)
     # Requests per key per minute when API keys are on (ARAG_API_KEYS); 0: no limit.
     rate_limit_per_minute: int = Field(default=60, ge=0)
     # Origins allowed to call the API from a browser (CORS). Empty: the page the app serves only.

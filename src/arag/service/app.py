@@ -1,6 +1,6 @@
 """The FastAPI app: built by :func:`create_app`, the library (models, index, compiled agent) opened
-once at start-up and shared by every request. Blocking work runs in a bounded worker pool, so a
-slow answer never stalls ``/health`` or another request.
+once at start-up and shared by every request. Blocking work runs in bounded worker pools (one for
+answers, one for searches), so a slow answer never stalls ``/health``, a search or another request.
 
     uvicorn --factory arag.service.app:create_app     # or: arag serve
 """
@@ -43,6 +43,7 @@ class Service:
 
     settings: Settings
     pool: WorkPool
+    search_pool: WorkPool
     guard: KeyGuard
     library: Library | None = None
     jobs: Jobs | None = None
@@ -87,6 +88,7 @@ def create_app(settings: Settings | None = None, *, library: Library | None = No
     svc = Service(
         settings=settings,
         pool=WorkPool(settings.service.workers, settings.service.queue_size),
+        search_pool=WorkPool(settings.service.search_workers, settings.service.queue_size),
         guard=KeyGuard(settings.service_keys(), RateLimiter(settings.service.rate_limit_per_minute)),
     )
 
@@ -110,6 +112,7 @@ def create_app(settings: Settings | None = None, *, library: Library | None = No
             if svc.jobs is not None:
                 svc.jobs.shutdown()
             svc.pool.shutdown()
+            svc.search_pool.shutdown()
             if owns and svc.library is not None:
                 svc.library.close()
 

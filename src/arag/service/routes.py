@@ -140,13 +140,20 @@ async def system(request: Request) -> SystemInfo:
             "retrieval_strategy": s.retrieval.strategy,
             "support": s.agent.support,
             "workers": s.service.workers,
+            "search_workers": s.service.search_workers,
             "queue_size": s.service.queue_size,
             "api_keys": svc.guard.enabled,
             "rate_limit_per_minute": s.service.rate_limit_per_minute,
             "cors_origins": s.service.cors_origins,
             "max_upload_mb": s.service.max_upload_mb,
         },
-        pool={"in_flight": svc.pool.in_flight, "capacity": svc.pool.capacity, "rejected": svc.pool.rejected},
+        pool={
+            "in_flight": svc.pool.in_flight,
+            "capacity": svc.pool.capacity,
+            "rejected": svc.pool.rejected,
+            "search_in_flight": svc.search_pool.in_flight,
+            "search_capacity": svc.search_pool.capacity,
+        },
     )
 
 
@@ -238,7 +245,7 @@ class _Start(BaseModel):
 )
 async def search(body: SearchRequest, request: Request) -> SearchResponse:
     lib = _svc(request).lib()
-    result = await _svc(request).pool.run(lambda: lib.search(body.query, papers=body.papers, k=body.k))
+    result = await _svc(request).search_pool.run(lambda: lib.search(body.query, papers=body.papers, k=body.k))
     return SearchResponse.build(request.state.request_id, body.query.strip(), result)
 
 
