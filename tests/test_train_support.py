@@ -9,6 +9,7 @@ nothing, the plumbing (files, card, checksum, calibration, reproducibility, CLI)
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from arag.agent.support import (
     LexicalSupport,
     LLMJudgeSupport,
     SupportScorer,
+    combined_probability,
     platt,
 )
 from arag.cli.main import app
@@ -41,6 +43,7 @@ from arag.train.support import (
     auc,
     best_threshold,
     confusion,
+    fit_combined,
     fit_platt,
     hypothesis,
     labelled_pairs,
@@ -230,18 +233,21 @@ def _settings(tmp_path: Path, **agent: Any) -> Settings:
     return get_settings(data_dir=tmp_path, agent=agent)
 
 
-def test_make_support_by_setting(tmp_path: Path) -> None:
+def test_make_support_by_setting(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     llm = ScriptedLLM(default="Yes")
     lexical = make_support(_settings(tmp_path, support="lexical", support_threshold=0.4), llm, True)
     assert isinstance(lexical, LexicalSupport) and lexical.threshold == 0.4
     assert isinstance(make_support(_settings(tmp_path, support="auto"), llm, True), LLMJudgeSupport)
     assert isinstance(make_support(_settings(tmp_path, support="llm-judge"), llm, False), LLMJudgeSupport)
-    # Offline (no LLM checks, or no LLM at all) the default is lexical: it measured better.
+    # Offline (no LLM checks, or no LLM at all) without a trained support model: lexical, and a
+    # warning that says how to get the combined check.
     for model in (llm, None):
-        auto = make_support(_settings(tmp_path, support="auto"), model, False)
+        with caplog.at_level(logging.WARNING):
+            auto = make_support(_settings(tmp_path, support="auto"), model, False)
         assert isinstance(auto, LexicalSupport) and auto.threshold == 0.44
+        assert "arag train support" in caplog.text
     # The trained model, asked for and not there, is not replaced: the error says how to train it.
-    for support, model in (("trained", llm), ("llm-judge", None)):
+    for support, model in (("trained", llm), ("llm-judge", None), ("combined", None)):
         with pytest.raises(ModelError, match="arag train support"):
             make_support(_settings(tmp_path, support=support), model, False)
     assert get_settings(data_dir=tmp_path).support_dir == tmp_path / "models" / "support"
@@ -338,6 +344,34 @@ def test_the_model_and_its_card_are_installed(lib: Settings, trained: ModelCard)
     c = card.calibration
     assert c["threshold"] == pytest.approx(platt(c["logit_threshold"], c["platt_a"], c["platt_b"]))
     assert c["logit_threshold"] == v[v["chosen"]]["threshold"] and 0 < c["threshold"] < 1
+    combined = c["combined"]
+    assert len(combined["coef"]) == 3 and 0 < combined["threshold"] < 1
+    assert combined["two_fold"]["tp"] + combined["two_fold"]["fn"] == 10
+
+
+def test_fit_combined_weighs_both_signals() -> None:
+    """Lexical overlap separates half the pairs, the model's logit the other half: the fit uses both,
+    beats each alone out of fold, and its weights score pairs exactly as CombinedSupport does."""
+    rng = np.random.default_rng(0)
+    pairs, lex, logits = [], [], []
+    for i in range(400):
+        supported = bool(i % 2)
+        easy_for_words = i % 4 < 2
+        lex.append((0.9 if supported else 0.2) if easy_for_words else float(rng.uniform(0.3, 0.7)))
+        logits.append(
+            float(rng.normal(0, 1))
+            if easy_for_words
+            else (2.0 if supported else -2.0) + float(rng.normal(0, 0.5))
+        )
+        pairs.append(SupportPair(question_id=f"q{i // 4}", hypothesis=f"h{i}", answer="a", premise="p",
+                                 supported=supported, kind="hard"))  # fmt: skip
+    fit = fit_combined(pairs, lex, logits)
+    assert fit["coef"][0] > 0 and fit["coef"][1] > 0
+    assert fit["two_fold"]["auc"] > max(fit["auc_lexical"], fit["auc_model"]) + 0.05
+    probs = [
+        combined_probability(a, b, fit["coef"], fit["intercept"]) for a, b in zip(lex, logits, strict=True)
+    ]
+    assert auc(probs, [p.supported for p in pairs]) == pytest.approx(fit["fit_auc"], abs=1e-4)
 
 
 @pytest.mark.real_models

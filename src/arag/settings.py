@@ -198,11 +198,11 @@ class AgentSettings(BaseModel):
     # LLM checks (the grader's sufficiency check, the LLM-judge verifier): auto = only with a hosted
     # (openai) model; a 1.5B local model is too unreliable a judge to be worth its latency.
     llm_checks: Literal["auto", "on", "off"] = "auto"
-    # Claim support: trained (the cross-encoder `arag train support` builds; its calibrated threshold is
-    # in its card), lexical (content-word overlap), llm-judge, nli (a sentence-transformers NLI
-    # cross-encoder, support_model), or auto: the LLM judge with LLM checks, else lexical (it measured
-    # better than the trained model: see make_support).
-    support: Literal["auto", "trained", "lexical", "llm-judge", "nli"] = "auto"
+    # Claim support: combined (the cross-encoder `arag train support` builds and the lexical overlap,
+    # weighed by a fit in its card), trained (the cross-encoder alone), lexical (content-word overlap),
+    # llm-judge, nli (a sentence-transformers NLI cross-encoder, support_model), or auto: the LLM judge
+    # with LLM checks, else combined when the support model is installed, else lexical (with a warning).
+    support: Literal["auto", "combined", "trained", "lexical", "llm-judge", "nli"] = "auto"
     # The lexical and nli scorers' threshold; 0.44 is the lexical scorer's best F1 on QASPER
     # validation's supported/unsupported pairs (0.620, against 0.609 at 0.5).
     support_threshold: float = 0.44

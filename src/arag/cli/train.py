@@ -144,14 +144,30 @@ def train_support_cmd(
     train_limit: Annotated[int | None, typer.Option(help="Only the first N training questions.")] = None,
     val_limit: Annotated[int | None, typer.Option(help="Only the first N validation questions.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Retrain even if a model is installed.")] = False,
+    recalibrate: Annotated[
+        bool,
+        typer.Option(
+            "--recalibrate", help="Refit the installed model's combined (model + lexical) calibration only."
+        ),
+    ] = False,
 ) -> None:
     """Fine-tune the claim verifier's cross-encoder (does a passage support a claim?) from the packaged
-    MiniLM weights on QASPER train, measure it on validation pairs and install it with a model card."""
+    MiniLM weights on QASPER train, measure it on validation pairs (alone, and combined with the
+    lexical overlap) and install it with a model card."""
     from arag.models.reranker import CARD_FILE
-    from arag.train.support import train_support
+    from arag.train.support import recalibrate_support, train_support
 
     settings = load_settings()
     target = settings.support_dir
+    if recalibrate:
+        card = recalibrate_support(
+            settings,
+            validation or _qasper("questions_validation.json"),
+            val_limit=val_limit,
+            progress=build_progress,
+        )
+        _report_combined(card)
+        return
     if (target / CARD_FILE).is_file() and not force:
         console.print(f"a trained support model is installed in {target}: --force retrains it")
         return
@@ -175,6 +191,20 @@ def train_support_cmd(
         progress=build_progress,
     )
     _report_support(card, target)
+    _report_combined(card)
+
+
+def _report_combined(card: ModelCard) -> None:
+    c = card.calibration.get("combined")
+    if not c:
+        return
+    t = c["two_fold"]
+    console.print(
+        f"combined with the lexical overlap: two-fold AUC {t['auc']:.3f} (lexical {c['auc_lexical']:.3f}, "
+        f"model {c['auc_model']:.3f}); at threshold {c['threshold']:.3f}: precision {t['precision']:.3f}, "
+        f"recall {t['recall']:.3f}, F1 {t['f1']:.3f}",
+        soft_wrap=True,
+    )
 
 
 def _report_support(card: ModelCard, target: Path) -> None:

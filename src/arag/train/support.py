@@ -18,6 +18,7 @@ logits are Platt-scaled into probabilities there; scale, offset and threshold go
 
 from __future__ import annotations
 
+import hashlib
 import random
 import shutil
 import tempfile
@@ -345,6 +346,46 @@ def verifier_metrics(pairs: Sequence[SupportPair], scores: Sequence[float]) -> d
 # --- the run ---------------------------------------------------------------------------------------
 
 
+def fit_combined(
+    pairs: Sequence[SupportPair], lexical: Sequence[float], logits: Sequence[float]
+) -> dict[str, Any]:
+    """Logistic regression of support on (lexical share, model logit, their product): the weights
+    fit on all pairs, and honest figures from a two-fold split by question (each half scored by a fit
+    on the other); the threshold is the best F1 of those out-of-fold probabilities."""
+    from sklearn.linear_model import LogisticRegression
+
+    from arag.agent.support import combined_probability
+
+    labels = np.array([p.supported for p in pairs])
+    x = np.c_[np.asarray(lexical, float), np.asarray(logits, float)]
+    x = np.c_[x, x[:, 0] * x[:, 1]]
+    fold = np.array([int(hashlib.sha256(p.question_id.encode()).hexdigest(), 16) % 2 for p in pairs])
+    oof = np.zeros(len(pairs))
+    for k in (0, 1):
+        m = LogisticRegression(C=1.0).fit(x[fold != k], labels[fold != k])
+        oof[fold == k] = m.predict_proba(x[fold == k])[:, 1]
+    full = LogisticRegression(C=1.0).fit(x, labels)
+    coef = [float(c) for c in full.coef_[0]]
+    intercept = float(full.intercept_[0])
+    threshold = best_threshold(oof.tolist(), labels.tolist())
+    # The installed weights score the pairs exactly as the verifier will (a check of the formula).
+    probs = [combined_probability(a, b, coef, intercept) for a, b in x[:, :2].tolist()]
+    return {
+        "method": "logistic regression on (lexical share, model logit, lexical * logit); threshold: best "
+        "F1 of two-fold out-of-fold probabilities (folds by question)",
+        "coef": coef,
+        "intercept": intercept,
+        "threshold": threshold,
+        "two_fold": {
+            "auc": round(auc(oof.tolist(), labels.tolist()), 4),
+            **_rounded(confusion(oof.tolist(), labels.tolist(), threshold)),
+        },  # fmt: skip
+        "fit_auc": round(auc(probs, labels.tolist()), 4),
+        "auc_lexical": round(auc(list(lexical), labels.tolist()), 4),
+        "auc_model": round(auc(list(logits), labels.tolist()), 4),
+    }
+
+
 def score_pairs(
     model: OnnxReranker, pairs: Sequence[SupportPair], *, answer_only: bool = False
 ) -> tuple[list[float], float]:
@@ -362,6 +403,35 @@ def score_pairs(
         i = j
     ms = 1000 * (time.perf_counter() - t0) / max(1, len(pairs))
     return out, ms
+
+
+def recalibrate_support(
+    settings: Settings, val_path: Path, *, val_limit: int | None = None, progress: ProgressFactory = _quiet
+) -> ModelCard:
+    """Refit the installed support model's combined (model + lexical) calibration on validation;
+    the weights of the model are untouched. The card is replaced atomically."""
+    from arag.models.reranker import CARD_FILE, OnnxReranker
+
+    model = OnnxReranker(settings.support_dir, threads=settings.threads)
+    seed = int(model.card.seed)
+    val, _ = _mine(settings, val_path, val_limit, "validation", seed, progress, "val")
+    pairs = labelled_pairs(val, seed)
+    with progress("scoring validation pairs", "pairs") as bar:
+        bar.start(len(pairs))
+        logits, _ = score_pairs(model, pairs)
+        bar.advance(len(pairs))
+    lexical = LexicalSupport(settings.agent.support_threshold)
+    lex_scores = [lexical.score(p.hypothesis, p.premise) for p in pairs]
+    card = model.card.model_copy(
+        update={
+            "calibration": {**model.card.calibration, "combined": fit_combined(pairs, lex_scores, logits)}
+        }
+    )
+    path = settings.support_dir / CARD_FILE
+    tmp = path.with_suffix(".json.part")
+    tmp.write_text(card.model_dump_json(indent=2))
+    tmp.replace(path)
+    return card
 
 
 def _mine(
@@ -457,6 +527,7 @@ def train_support(
         answer_only, _ = score_pairs(models[chosen], pairs, answer_only=True)
         lexical = LexicalSupport(settings.agent.support_threshold)
         lex_scores = [lexical.score(p.hypothesis, p.premise) for p in pairs]
+        combined = fit_combined(pairs, lex_scores, scores)
         lex_default = confusion(lex_scores, labels, lexical.threshold)
         (work / MODEL_FILE).write_bytes((int8 if use_int8 else fp32).read_bytes())
         for f in (fp32, int8):
@@ -512,6 +583,7 @@ def train_support(
                 "platt_b": b,
                 "logit_threshold": logit_t,
                 "threshold": platt(logit_t, a, b),
+                "combined": combined,
                 "total_seconds": round(time.perf_counter() - t_start, 1),
             },
         )
