@@ -414,7 +414,9 @@ def fake_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> type[FakeLlama]:
 
 def test_llama_cpp_backend_via_factory(tmp_path: Path, fake_llama_cpp: type[FakeLlama]) -> None:
     model = write_gguf(tmp_path / "mine.gguf")
-    settings = get_settings(llm={"model": str(model), "threads": 3, "context_tokens": 2048, "seed": 7})
+    settings = get_settings(
+        llm={"model": str(model), "threads": 3, "context_tokens": 2048, "seed": 7, "cache": False}
+    )
     llm = get_llm(settings)
     assert isinstance(llm, LlamaCppLLM) and isinstance(llm, LLM)
     assert (llm.name, llm.context_tokens) == ("mine", 2048)
@@ -468,6 +470,7 @@ def test_factory_extractive_and_openai(monkeypatch: pytest.MonkeyPatch) -> None:
                 "model": "m",
                 "base_url": "http://127.0.0.1:9/v1",
                 "api_key_env": "FAKE_LLM_KEY",
+                "cache": False,
             }
         )
     )
@@ -739,7 +742,10 @@ def test_real_packaged_05b_assembles(tmp_path: Path) -> None:
 @pytest.mark.real_models
 def test_real_llama_cpp_05b_is_deterministic() -> None:
     pytest.importorskip("llama_cpp")
-    settings = Settings(llm=LLMSettings(model="qwen2.5-coder-0.5b", context_tokens=1024, threads=2))
+    # Without the disk cache: the second reply must be generated again to show determinism.
+    settings = Settings(
+        llm=LLMSettings(model="qwen2.5-coder-0.5b", context_tokens=1024, threads=2, cache=False)
+    )
     llm = get_llm(settings)
     assert isinstance(llm, LlamaCppLLM)
     msgs = [ChatMessage(role="user", content="Name the capital of France in one word.")]

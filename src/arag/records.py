@@ -230,3 +230,4 @@ class Answer(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict, description="ms per node (summed over runs)")
     events: list[NodeEvent] = Field(default_factory=list)
     total_ms: float = 0.0
+    llm_cached_calls: int = Field(default=0, description="LLM replies from the disk cache (times not real)")

@@ -165,6 +165,9 @@ class LLMSettings(BaseModel):
     # openai: retries on 429/5xx and dropped connections, with doubling backoff from backoff_s.
     retries: int = 2
     backoff_s: float = 1.0
+    # Keep replies in <data dir>/cache/llm.sqlite3, keyed by backend, model, prompt and parameters:
+    # at temperature 0 the same call gives the same reply, so reruns cost nothing.
+    cache: bool = True
 
 
 class TopicSettings(BaseModel):
@@ -335,6 +338,10 @@ class Settings(BaseSettings):
     @property
     def cache_dir(self) -> Path:
         return self.data_dir / "cache"
+
+    @property
+    def llm_cache_db(self) -> Path:
+        return self.cache_dir / "llm.sqlite3"
 
     @property
     def embedding_cache_db(self) -> Path:

@@ -41,6 +41,7 @@ from arag.agent.synthesizer import make_synthesizer
 from arag.agent.verifier import make_verifier
 from arag.errors import InputError
 from arag.llm.base import LLM
+from arag.llm.cache import cache_hits
 from arag.models.reranker import CARD_FILE
 from arag.records import Answer, NodeEvent, SearchFilter
 from arag.settings import Settings
@@ -73,13 +74,17 @@ def timed(name: str, fn: Callable[[AgentState], Step], deps: AgentDeps) -> Calla
         if hooks is not None:
             hooks.check(name)
         t0 = time.perf_counter()
+        hits = cache_hits()
         with using(hooks):
             step = fn(state)
+        counts = dict(step.counts)
+        if cache_hits() > hits:  # the step's LLM replies came from the disk cache: its time is not real
+            counts["llm_cached"] = cache_hits() - hits
         event = NodeEvent(
             node=name,
             ms=round(1000 * (time.perf_counter() - t0), 2),
             decision=step.decision,
-            counts=dict(step.counts),
+            counts=counts,
         )
         if deps.on_event is not None:
             deps.on_event(event)
@@ -155,6 +160,7 @@ class Agent:
                 "events": events,
                 "timings": timings,
                 "total_ms": round(1000 * (time.perf_counter() - t0), 2),
+                "llm_cached_calls": int(sum(e.counts.get("llm_cached", 0) for e in events)),
             }
         )
 

@@ -163,6 +163,8 @@ def print_answer(a: Answer) -> None:
             console.print(f"  [bold][{c.n}][/] " + " · ".join(parts), highlight=False, soft_wrap=True)
     extra = f", {a.retries} retry" if a.retries else ""
     took = f"{a.total_ms:.0f} ms" if a.total_ms < 1000 else f"{a.total_ms / 1000:.1f} s"
+    if a.llm_cached_calls:
+        took += f" ({a.llm_cached_calls} LLM replies from the cache)"
     console.print(f"[dim]{a.route} · {a.mode}{extra} · {took}[/]", highlight=False)
 
 

@@ -309,6 +309,7 @@ class TraceRow(BaseModel):
     decisions: list[dict[str, Any]]
     timings: dict[str, float]
     total_ms: float
+    llm_cached_calls: int = 0
     short_answer: str
     text: str
     prediction: str
@@ -385,6 +386,7 @@ def score_answer(
         decisions=[{"node": e.node, "decision": e.decision, "ms": e.ms} for e in answer.events],
         timings=answer.timings,
         total_ms=answer.total_ms,
+        llm_cached_calls=answer.llm_cached_calls,
         short_answer=answer.short_answer,
         text=answer.text,
         prediction=pred,
@@ -461,6 +463,9 @@ class ConfigReport(BaseModel):
     latency_p50_ms: dict[str, float] = Field(description="per node, over the questions it ran for")
     total_p50_ms: float
     total_p95_ms: float
+    cached_runs: int = Field(
+        default=0, description="questions with LLM replies from the disk cache: times not real"
+    )
     taxonomy: dict[str, int]
     wrong: int
     errors: int
@@ -512,6 +517,7 @@ def summarize(
         latency_p50_ms={node: _pct(v, 50) for node, v in nodes.items()},
         total_p50_ms=_pct(totals, 50),
         total_p95_ms=_pct(totals, 95),
+        cached_runs=sum(r.llm_cached_calls > 0 for r in rows),
         taxonomy={t: sum(r.failure == t for r in rows) for t in TAXONOMY},
         wrong=sum(r.failure is not None for r in rows),
         errors=sum(r.error is not None for r in rows),

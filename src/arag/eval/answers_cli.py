@@ -105,6 +105,9 @@ def print_reports(reports: list[ConfigReport]) -> None:
     latency = Table("latency (ms)", *names, title="latency")
     latency.add_row("total p50", *(f"{r.total_p50_ms:.0f}" for r in reports))
     latency.add_row("total p95", *(f"{r.total_p95_ms:.0f}" for r in reports))
+    if any(r.cached_runs for r in reports):
+        # Replies from the disk cache of LLM calls take no time: such latencies are not real.
+        latency.add_row("runs with cached LLM replies", *(str(r.cached_runs) for r in reports))
     nodes = list(dict.fromkeys(n for r in reports for n in r.latency_p50_ms))
     for node in nodes:
         latency.add_row(

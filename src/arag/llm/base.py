@@ -27,6 +27,8 @@ class Completion(BaseModel):
     completion_tokens: int = 0
     seconds: float = 0.0
     finish_reason: str = ""
+    # Answered from the disk cache of LLM calls (llm/cache.py), not generated now.
+    cached: bool = False
 
 
 @runtime_checkable

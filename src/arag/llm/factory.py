@@ -16,14 +16,28 @@ def get_llm(settings: Settings, progress: AssemblyProgress | None = None) -> LLM
     cfg = settings.llm
     if cfg.provider == "extractive":
         return None
+    llm: LLM
     if cfg.provider == "openai":
         from arag.llm.openai_compat import OpenAICompatLLM
 
-        return OpenAICompatLLM(cfg)
-    from arag.llm.llama_cpp import LlamaCppLLM, import_llama_cpp
+        llm = OpenAICompatLLM(cfg)
+    else:
+        from arag.llm.llama_cpp import LlamaCppLLM, import_llama_cpp
 
-    # Fail on a missing runtime before spending a minute assembling a model it cannot run.
-    import_llama_cpp()
-    path = resolve_model_path(cfg.model, settings.data_dir, progress)
-    name = cfg.model if cfg.model in PACKAGED_MODELS else path.stem
-    return LlamaCppLLM(path, cfg, name=name)
+        # Fail on a missing runtime before spending a minute assembling a model it cannot run.
+        import_llama_cpp()
+        path = resolve_model_path(cfg.model, settings.data_dir, progress)
+        name = cfg.model if cfg.model in PACKAGED_MODELS else path.stem
+        llm = LlamaCppLLM(path, cfg, name=name)
+    return with_cache(llm, settings)
+
+
+def with_cache(llm: LLM, settings: Settings) -> LLM:
+    """``llm`` behind the disk cache of LLM calls, when the settings keep one."""
+    if not settings.llm.cache:
+        return llm
+    from arag.llm.cache import CachedLLM
+
+    cfg = settings.llm
+    params = {"temperature": cfg.temperature, "seed": cfg.seed, "context_tokens": cfg.context_tokens}
+    return CachedLLM(llm, settings.llm_cache_db, backend=cfg.provider, params=params)
