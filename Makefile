@@ -27,13 +27,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --find-links $(WHEELS) -e '.[torch,dev,llm]'
 	touch $(STAMP)
 
-# The library (built once, then kept up to date), the reranker and the claim verifier (each trained
-# once, about 19 and 12 min on 2 cores; no-ops when installed), then the service: ends with the page
-# at http://127.0.0.1:7860.
+# The library (built once, then kept up to date), the reranker (trained once, about 19 min on 2 cores;
+# a no-op when installed), then the service: ends with the page at http://127.0.0.1:7860.
 serve: venv
 	$(BIN)/arag library build
 	$(BIN)/arag train reranker
-	$(BIN)/arag train support
 	$(BIN)/arag serve
 
 test: venv

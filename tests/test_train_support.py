@@ -9,7 +9,6 @@ nothing, the plumbing (files, card, checksum, calibration, reproducibility, CLI)
 from __future__ import annotations
 
 import json
-import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -233,19 +232,16 @@ def _settings(tmp_path: Path, **agent: Any) -> Settings:
     return get_settings(data_dir=tmp_path, agent=agent)
 
 
-def test_make_support_by_setting(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_make_support_by_setting(tmp_path: Path) -> None:
     llm = ScriptedLLM(default="Yes")
     lexical = make_support(_settings(tmp_path, support="lexical", support_threshold=0.4), llm, True)
     assert isinstance(lexical, LexicalSupport) and lexical.threshold == 0.4
     assert isinstance(make_support(_settings(tmp_path, support="auto"), llm, True), LLMJudgeSupport)
     assert isinstance(make_support(_settings(tmp_path, support="llm-judge"), llm, False), LLMJudgeSupport)
-    # Offline (no LLM checks, or no LLM at all) without a trained support model: lexical, and a
-    # warning that says how to get the combined check.
+    # Offline (no LLM checks, or no LLM at all) the default is lexical (see make_support).
     for model in (llm, None):
-        with caplog.at_level(logging.WARNING):
-            auto = make_support(_settings(tmp_path, support="auto"), model, False)
+        auto = make_support(_settings(tmp_path, support="auto"), model, False)
         assert isinstance(auto, LexicalSupport) and auto.threshold == 0.44
-        assert "arag train support" in caplog.text
     # The trained model, asked for and not there, is not replaced: the error says how to train it.
     for support, model in (("trained", llm), ("llm-judge", None), ("combined", None)):
         with pytest.raises(ModelError, match="arag train support"):

@@ -204,7 +204,7 @@ class AgentSettings(BaseModel):
     # Claim support: combined (the cross-encoder `arag train support` builds and the lexical overlap,
     # weighed by a fit in its card), trained (the cross-encoder alone), lexical (content-word overlap),
     # llm-judge, nli (a sentence-transformers NLI cross-encoder, support_model), or auto: the LLM judge
-    # with LLM checks, else combined when the support model is installed, else lexical (with a warning).
+    # with LLM checks, else lexical (see make_support for why combined is not the default).
     support: Literal["auto", "combined", "trained", "lexical", "llm-judge", "nli"] = "auto"
     # The lexical and nli scorers' threshold; 0.44 is the lexical scorer's best F1 on QASPER
     # validation's supported/unsupported pairs (0.620, against 0.609 at 0.5).
