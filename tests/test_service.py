@@ -4,6 +4,7 @@ reranking model) with a scripted LLM; the SSE stream, cancellation, auth and rat
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 import time
@@ -193,6 +194,15 @@ def test_openapi_lists_every_route(client: TestClient) -> None:
         assert path in spec["paths"], path
     assert "multipart/form-data" in spec["paths"]["/ingest"]["post"]["requestBody"]["content"]
     validate(spec)  # raises on any violation of the OpenAPI 3.1 schema
+
+
+def test_docs_pages_load_nothing_from_outside(client: TestClient) -> None:
+    for path in ("/docs", "/redoc"):
+        page = client.get(path)
+        assert page.status_code == 200 and "/openapi.json" in page.text
+        assert not re.search(r"https?://(?!127\.0\.0\.1)", page.text.replace("http://testserver", "")), path
+        for asset in re.findall(r'"(/docs-static/[^"]+)"', page.text):
+            assert client.get(asset).status_code == 200, asset
 
 
 def test_api_keys_and_rate_limits(library: Library) -> None:

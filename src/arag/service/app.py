@@ -121,6 +121,8 @@ def create_app(settings: Settings | None = None, *, library: Library | None = No
         version=__version__,
         summary="Cited, verified answers to research questions over a library of papers.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.svc = svc
 
@@ -198,4 +200,36 @@ def create_app(settings: Settings | None = None, *, library: Library | None = No
         return FileResponse(WEB_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
     app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+    _offline_docs(app)
     return app
+
+
+def _offline_docs(app: FastAPI) -> None:
+    """/docs (Swagger UI) and /redoc from files installed with the package: FastAPI's own pages load
+    them from a CDN, which an offline machine cannot reach."""
+    import fastapi_offline
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+    from fastapi.responses import HTMLResponse
+
+    assets = Path(fastapi_offline.__file__).parent / "static"
+    app.mount("/docs-static", StaticFiles(directory=assets), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="arag API",
+            swagger_js_url="/docs-static/swagger-ui-bundle.js",
+            swagger_css_url="/docs-static/swagger-ui.css",
+            swagger_favicon_url="/docs-static/favicon.png",
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(
+            openapi_url="/openapi.json",
+            title="arag API",
+            redoc_js_url="/docs-static/redoc.standalone.js",
+            redoc_favicon_url="/docs-static/favicon.png",
+            with_google_fonts=False,
+        )
