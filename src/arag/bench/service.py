@@ -170,7 +170,13 @@ async def _run(
 
 def start_server(settings: Settings, port: int, log: Path) -> subprocess.Popen[bytes]:
     """``arag serve`` in its own process, on loopback; returns once it is ready."""
-    env = {**os.environ, "ARAG_SERVICE__PORT": str(port), "ARAG_SERVICE__HOST": "127.0.0.1"}
+    # No LLM cache: the benchmark asks the same questions every run, and cached replies cost nothing.
+    env = {
+        **os.environ,
+        "ARAG_SERVICE__PORT": str(port),
+        "ARAG_SERVICE__HOST": "127.0.0.1",
+        "ARAG_LLM__CACHE": "false",
+    }
     cmd = [sys.executable, "-c", "from arag.cli.main import app; app()", "serve"]
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600
@@ -199,7 +205,10 @@ def run_service_bench(
         proc = start_server(settings, port, log)
         url = f"http://127.0.0.1:{port}"
     try:
-        llm = httpx.get(f"{url}/v1/system", timeout=10).json()["models"]["llm"]
+        system = httpx.get(f"{url}/v1/system", timeout=10).json()
+        llm = system["models"]["llm"]
+        if system["settings"].get("llm_cache"):
+            llm += " (with its LLM cache on: repeated questions cost nothing)"
         idle, loaded, errors, runs, wall = asyncio.run(_run(url, clients, idle_probes=40))
     finally:
         if proc is not None:

@@ -136,6 +136,7 @@ async def system(request: Request) -> SystemInfo:
         library={"papers": len(rows), "chunks": sum(r.n_chunks for r in rows), "data_dir": str(s.data_dir)},
         settings={
             "llm_provider": s.llm.provider,
+            "llm_cache": s.llm.cache,
             "rerank_provider": s.rerank.provider,
             "retrieval_strategy": s.retrieval.strategy,
             "support": s.agent.support,

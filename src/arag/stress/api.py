@@ -114,7 +114,8 @@ def run_api_stress(
         problems.append(
             f"fuzzing: {fuzz.server_errors} server errors, {fuzz.schema_violations} schema violations"
         )
-    env = dict(rerank)
+    # Every answer generated for real: repeated questions would otherwise come from the LLM cache.
+    env = {**rerank, "ARAG_LLM__CACHE": "false"}
     if llm:
         env["ARAG_LLM__PROVIDER"] = llm
     llm_name = "configured"
