@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from arag.agent.graph import make_support
 from arag.agent.support import (
+    CombinedSupport,
     CrossEncoderSupport,
     HubNLISupport,
     LexicalSupport,
@@ -46,6 +47,7 @@ from arag.train.support import (
     fit_platt,
     hypothesis,
     labelled_pairs,
+    recalibrate_support,
     to_mined,
     train_support,
     verifier_metrics,
@@ -368,6 +370,34 @@ def test_fit_combined_weighs_both_signals() -> None:
         combined_probability(a, b, fit["coef"], fit["intercept"]) for a, b in zip(lex, logits, strict=True)
     ]
     assert auc(probs, [p.supported for p in pairs]) == pytest.approx(fit["fit_auc"], abs=1e-4)
+
+
+@pytest.mark.real_models
+def test_recalibrating_refits_the_same_combination_and_combined_scores(
+    lib: Settings, trained: ModelCard, questions: tuple[Path, Path]
+) -> None:
+    before = (lib.support_dir / CARD_FILE).read_bytes()
+    card = recalibrate_support(lib, questions[1], val_limit=10)
+    # Same model, same pairs: the same fit (and the card otherwise untouched).
+    new, old = card.calibration["combined"], trained.calibration["combined"]
+    assert new["coef"] == pytest.approx(old["coef"], abs=1e-6) and new["threshold"] == pytest.approx(
+        old["threshold"]
+    )
+    assert {k: v for k, v in new.items() if k not in ("coef", "intercept", "threshold")} == {
+        k: v for k, v in old.items() if k not in ("coef", "intercept", "threshold")
+    }
+    assert card.model_copy(update={"calibration": trained.calibration}) == trained  # nothing else changed
+    assert ModelCard.model_validate_json((lib.support_dir / CARD_FILE).read_text()) == card
+    assert not list(lib.support_dir.glob("*.part"))
+    assert before  # the card existed before and was replaced in one rename
+    settings = lib.model_copy(update={"agent": lib.agent.model_copy(update={"support": "combined"})})
+    support = make_support(settings, None, False)
+    assert (
+        isinstance(support, CombinedSupport)
+        and support.threshold == card.calibration["combined"]["threshold"]
+    )
+    s = support.score("The model is evaluated on SQuAD.", "Experiments: We evaluate on SQuAD.")
+    assert 0.0 <= s <= 1.0
 
 
 @pytest.mark.real_models

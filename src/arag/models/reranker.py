@@ -67,6 +67,14 @@ class ModelCard(BaseModel):
     calibration: dict[str, Any] = Field(default_factory=dict)
 
 
+def replace_card(folder: Path, card: ModelCard) -> None:
+    """Write ``card`` as ``folder``'s card in one rename: a crash leaves the old card or the new one."""
+    path = folder / CARD_FILE
+    tmp = path.with_suffix(".json.part")
+    tmp.write_text(card.model_dump_json(indent=2))
+    tmp.replace(path)
+
+
 def pair_text(chunk: Chunk) -> str:
     """What the cross-encoder reads of a chunk: its section and text. The title is left out: the
     candidates of a resolved question share one paper, so its title would only cost word-pieces."""

@@ -23,7 +23,15 @@ from pydantic import BaseModel
 from arag.errors import ModelError
 from arag.eval.retrieval import EvalQuestion, load_questions
 from arag.library.build import Progress
-from arag.models.reranker import CARD_FILE, MODEL_FILE, Bars, ModelCard, OnnxReranker, file_sha256
+from arag.models.reranker import (
+    CARD_FILE,
+    MODEL_FILE,
+    Bars,
+    ModelCard,
+    OnnxReranker,
+    file_sha256,
+    replace_card,
+)
 from arag.settings import Settings
 from arag.train.calibrate import (
     calibrate_bars,
@@ -187,10 +195,7 @@ def recalibrate(settings: Settings, val_path: Path, *, progress: ProgressFactory
             "calibration": {**model.card.calibration, **calib.calibration},
         }
     )
-    path = settings.reranker_dir / CARD_FILE
-    tmp = path.with_suffix(".json.part")
-    tmp.write_text(card.model_dump_json(indent=2))
-    tmp.replace(path)
+    replace_card(settings.reranker_dir, card)
     return card
 
 

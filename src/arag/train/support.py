@@ -35,7 +35,7 @@ from arag.agent.support import LexicalSupport, platt
 from arag.errors import ModelError
 from arag.eval.qasper_metrics import FLOAT_MARKER
 from arag.eval.retrieval import EvalQuestion, hits_per_rank, read_question_items
-from arag.models.reranker import MODEL_FILE, ModelCard, OnnxReranker, file_sha256, pair_text
+from arag.models.reranker import MODEL_FILE, ModelCard, OnnxReranker, file_sha256, pair_text, replace_card
 from arag.records import SearchFilter
 from arag.retrieval.hybrid import HybridRetriever
 from arag.settings import Settings
@@ -410,8 +410,6 @@ def recalibrate_support(
 ) -> ModelCard:
     """Refit the installed support model's combined (model + lexical) calibration on validation;
     the weights of the model are untouched. The card is replaced atomically."""
-    from arag.models.reranker import CARD_FILE, OnnxReranker
-
     model = OnnxReranker(settings.support_dir, threads=settings.threads)
     seed = int(model.card.seed)
     val, _ = _mine(settings, val_path, val_limit, "validation", seed, progress, "val")
@@ -427,10 +425,7 @@ def recalibrate_support(
             "calibration": {**model.card.calibration, "combined": fit_combined(pairs, lex_scores, logits)}
         }
     )
-    path = settings.support_dir / CARD_FILE
-    tmp = path.with_suffix(".json.part")
-    tmp.write_text(card.model_dump_json(indent=2))
-    tmp.replace(path)
+    replace_card(settings.support_dir, card)
     return card
 
 
