@@ -16,6 +16,9 @@ from fastapi import FastAPI
 from arag.agent import prompts
 from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
+from arag.stress.fuzz import sse_events
+
+__all__ = ["echo_llm", "free_port", "running_server", "sse_events"]
 
 
 def free_port() -> int:
@@ -47,21 +50,6 @@ def running_server(app: FastAPI, *, timeout: float = 60.0) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
-
-
-def sse_events(text: str) -> list[tuple[str, str]]:
-    """(event, data) pairs of a Server-Sent Events body."""
-    out: list[tuple[str, str]] = []
-    for block in text.split("\n\n"):
-        event, data = "message", []
-        for line in block.split("\n"):  # not splitlines: JSON may hold U+2028 and friends
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                data.append(line[5:].strip())
-        if data:
-            out.append((event, "\n".join(data)))
-    return out
 
 
 def echo_llm(delay_s: float = 0.0) -> ScriptedLLM:

@@ -21,6 +21,7 @@ from types import TracebackType
 from arag.agent.chat import ChatHistory, Exchange, Rewrite, Rewriter, chat_db, validate_session_id
 from arag.agent.graph import Agent, build_agent, validate_question
 from arag.agent.hooks import RunHooks
+from arag.corpus.arxiv_ids import bare_arxiv_id
 from arag.errors import InputError, NotFoundError, StoreError
 from arag.library.build import BuildSummary, Progress
 from arag.library.manage import list_papers, open_for_search
@@ -35,7 +36,6 @@ from arag.settings import Settings, get_settings
 
 EventCallback = Callable[[NodeEvent], None]
 PAPERS_FIX = "list the library's paper ids with `arag papers` (or `arag papers --json`)"
-_ARXIV_PREFIX = re.compile(r"^(?:arxiv:|https?://arxiv\.org/(?:abs|pdf)/)", re.I)
 _VERSION = re.compile(r"v\d+$")
 
 
@@ -51,7 +51,7 @@ def check_paper_ids(
     for raw in ids:
         pid = raw.strip()
         if pid not in known:
-            bare = _ARXIV_PREFIX.sub("", pid)
+            bare = bare_arxiv_id(pid)
             pid = next((c for c in (bare, _VERSION.sub("", bare)) if c in known), pid)
         if pid in known:
             out.append(pid)
@@ -175,16 +175,13 @@ class Library:
         """Ingest PDFs through the open index while questions go on: each batch of papers is written
         whole before it is recorded, bad files are logged and skipped, and the paper list and title
         resolver are refreshed at the end."""
-        from arag.corpus.pdf import papers_from_paths
-        from arag.library.build import LibraryBuilder
-        from arag.library.state import Failure
+        from arag.library.manage import add_pdfs
 
         self._check_open()
-        papers, failures = papers_from_paths(list(paths))
-        prior = [Failure(key=f.path, source="pdf", reason=f.reason) for f in failures]
         with self._ingest_lock:
-            with LibraryBuilder(self.settings, embedder=self._embedder, store=self._store) as builder:
-                summary = builder.index_papers(papers, progress=progress, prior_failures=prior)
+            summary = add_pdfs(
+                self.settings, paths, progress=progress, embedder=self._embedder, store=self._store
+            )
             self.refresh()
         return summary
 

@@ -24,11 +24,12 @@ from pydantic import BaseModel, Field
 
 from arag.agent.graph import MAX_QUESTION_CHARS
 from arag.api import PAPERS_FIX, Library
+from arag.corpus.arxiv_ids import arxiv_url
 from arag.errors import AragError
 from arag.library.state import PaperRow
 from arag.records import Answer
 from arag.retrieval.pipeline import SearchResult
-from arag.service.schemas import MAX_PAPERS, PaperDetail, arxiv_url
+from arag.service.schemas import MAX_PAPERS, PaperDetail
 from arag.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)

@@ -3,24 +3,21 @@ prober times ``GET /health`` every 50 ms. The baseline is ``/health`` on the sam
 the same run; the figure that matters is its p95 under load (target: < 50 ms) and that every
 stream ends with an answer.
 
-The server is ``arag serve`` in its own process (as users run it), or any running one (``url``).
+The server is ``arag serve`` in its own process (as users run it; ``arag.stress.api.serving``), or
+any running one (``url``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
+from contextlib import ExitStack
 
 import httpx
 from pydantic import BaseModel
 
-from arag.errors import ConfigError
 from arag.settings import Settings
 
 QUESTIONS = (
@@ -168,55 +165,23 @@ async def _run(
     return idle, loaded, errors, list(runs), wall
 
 
-def start_server(settings: Settings, port: int, log: Path) -> subprocess.Popen[bytes]:
-    """``arag serve`` in its own process, on loopback; returns once it is ready."""
-    # No LLM cache: the benchmark asks the same questions every run, and cached replies cost nothing.
-    env = {
-        **os.environ,
-        "ARAG_SERVICE__PORT": str(port),
-        "ARAG_SERVICE__HOST": "127.0.0.1",
-        "ARAG_LLM__CACHE": "false",
-    }
-    cmd = [sys.executable, "-c", "from arag.cli.main import app; app()", "serve"]
-    proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise ConfigError(
-                f"arag serve exited with {proc.returncode}", where=str(log), fix="read the log for its error"
-            )
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise ConfigError("arag serve did not become ready in 10 minutes", where=str(log), fix="read the log")
-
-
 def run_service_bench(
     settings: Settings, *, clients: int = 8, url: str | None = None, port: int = 7861
 ) -> ServiceBench:
-    """Start a server (unless ``url``), run the clients, stop it; the figures."""
-    proc = None
-    if url is None:
-        log = settings.data_dir / "bench-serve.log"
-        proc = start_server(settings, port, log)
-        url = f"http://127.0.0.1:{port}"
-    try:
+    """Start ``arag serve`` on the configured library (unless ``url``), run the clients, stop it;
+    the figures."""
+    from arag.stress.api import serving  # it imports this module's figures
+
+    with ExitStack() as stack:
+        if url is None:
+            # No LLM cache: the benchmark asks the same questions every run, and cached replies cost nothing.
+            log = settings.data_dir / "bench-serve.log"
+            url = stack.enter_context(serving(settings.data_dir, port, log, ARAG_LLM__CACHE="false"))
         system = httpx.get(f"{url}/v1/system", timeout=10).json()
         llm = system["models"]["llm"]
         if system["settings"].get("llm_cache"):
             llm += " (with its LLM cache on: repeated questions cost nothing)"
         idle, loaded, errors, runs, wall = asyncio.run(_run(url, clients, idle_probes=40))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
     h_idle, h_load = Latency.of(idle), Latency.of(loaded)
     return ServiceBench(
         url=url,

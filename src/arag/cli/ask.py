@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
 from arag.cli.common import console, err_console, handle_errors, load_settings
+from arag.corpus.arxiv_ids import arxiv_url
 from arag.errors import InputError
 from arag.settings import Settings
 
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from arag.records import Answer, NodeEvent
 
 PROVIDERS = ("llama-cpp", "openai", "extractive")
-_ARXIV_ID = re.compile(r"^(?:\d{4}\.\d{4,5}|[a-z][a-z.\-]*/\d{7})(?:v\d+)?$", re.I)
 _CLOSEST = "\n\nClosest papers in the library:"
 
 LlmOpt = Annotated[
@@ -121,11 +120,6 @@ def print_stage(e: NodeEvent) -> None:
     console.print(stage_line(e), highlight=False, soft_wrap=True)
 
 
-def paper_link(paper_id: str) -> str | None:
-    """The arXiv page of an arXiv-style id; None for local PDFs."""
-    return f"https://arxiv.org/abs/{paper_id}" if _ARXIV_ID.match(paper_id) else None
-
-
 def print_answer(a: Answer) -> None:
     """The short answer in bold, the explanation with its [n] markers, then the numbered sources (or an
     abstention, in yellow, with the closest papers)."""
@@ -136,7 +130,7 @@ def print_answer(a: Answer) -> None:
         if a.closest:
             console.print("\n[bold]Closest papers[/]")
             for p in a.closest:
-                link = paper_link(p.paper_id)
+                link = arxiv_url(p.paper_id)
                 tail = f" · {link}" if link else ""
                 console.print(
                     f"  - [cyan]{p.paper_id}[/] {escape(p.title)}{tail} · score {p.score:.3f}",
@@ -154,7 +148,7 @@ def print_answer(a: Answer) -> None:
             parts = [escape(c.title)]
             if c.section:
                 parts.append(escape(c.section))
-            link = paper_link(c.paper_id)
+            link = arxiv_url(c.paper_id)
             parts.append(link or c.paper_id)
             if (c.n, c.chunk_id) in scores:
                 parts.append(f"score {scores[c.n, c.chunk_id]:.3f}")

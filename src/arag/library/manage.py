@@ -74,8 +74,16 @@ def build_library(
     return summary
 
 
-def add_pdfs(settings: Settings, paths: Sequence[Path], *, progress: Progress | None = None) -> BuildSummary:
-    """Ingest PDFs (files or folders) into the library; bad files are logged and skipped."""
+def add_pdfs(
+    settings: Settings,
+    paths: Sequence[Path],
+    *,
+    progress: Progress | None = None,
+    embedder: BaseEmbedder | None = None,
+    store: Store | None = None,
+) -> BuildSummary:
+    """Ingest PDFs (files or folders) into the library; bad files are logged and skipped. ``store``
+    and ``embedder``: write through an index this process holds open (the service)."""
     from arag.corpus.pdf import papers_from_paths
 
     missing = [p for p in paths if not p.exists()]
@@ -87,7 +95,7 @@ def add_pdfs(settings: Settings, paths: Sequence[Path], *, progress: Progress | 
         )
     papers, failures = papers_from_paths(list(paths))
     prior = [Failure(key=f.path, source="pdf", reason=f.reason) for f in failures]
-    with LibraryBuilder(settings) as builder:
+    with LibraryBuilder(settings, embedder=embedder, store=store) as builder:
         return builder.index_papers(papers, progress=progress, prior_failures=prior)
 
 

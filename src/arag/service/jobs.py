@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from arag.api import Library
+from arag.corpus.arxiv_ids import bare_arxiv_id, is_arxiv_id
 from arag.errors import AragError, InputError, NotFoundError, TooLargeError, UnsupportedError
 from arag.library.build import Progress
 from arag.library.state import Failure
@@ -27,7 +28,6 @@ from arag.settings import Settings
 
 log = logging.getLogger(__name__)
 PDF_MAGIC = b"%PDF-"
-_ARXIV = re.compile(r"^(\d{4}\.\d{4,5}|[a-z\-]+(\.[A-Z]{2})?/\d{7})(v\d+)?$")
 _JOB_ID = re.compile(r"^[0-9a-f]{12}$")
 
 
@@ -39,8 +39,11 @@ def parse_arxiv_ids(raw: str) -> list[str]:
     for tok in re.split(r"[\s,]+", raw.strip()):
         if not tok:
             continue
-        bare = re.sub(r"^(arxiv:|https?://arxiv\.org/(abs|pdf)/)", "", tok, flags=re.I).removesuffix(".pdf")
-        (ids if _ARXIV.match(bare) else bad).append(bare if _ARXIV.match(bare) else tok)
+        bare = bare_arxiv_id(tok)
+        if is_arxiv_id(bare):
+            ids.append(bare)
+        else:
+            bad.append(tok)
     if bad:
         raise InputError(
             f"not arXiv ids: {', '.join(repr(b) for b in bad[:5])}",

@@ -33,6 +33,7 @@ from arag.service.schemas import (
     Ready,
     SearchRequest,
     SearchResponse,
+    StartEvent,
     SystemInfo,
     TokenEvent,
 )
@@ -200,7 +201,7 @@ async def query_stream(body: QueryRequest, request: Request) -> StreamingRespons
     )
 
     async def events() -> AsyncIterator[bytes]:
-        yield sse("start", _Start(request_id=rid, question=body.question))
+        yield sse("start", StartEvent(request_id=rid, question=body.question))
         try:
             async for item in items:
                 if isinstance(item, NodeEvent):
@@ -232,11 +233,6 @@ async def query_stream(body: QueryRequest, request: Request) -> StreamingRespons
             await items.aclose()
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
-
-
-class _Start(BaseModel):
-    request_id: str
-    question: str
 
 
 @api.post(

@@ -9,18 +9,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from arag.agent.graph import MAX_QUESTION_CHARS
+from arag.corpus.arxiv_ids import arxiv_url
 from arag.library.build import BuildSummary
 from arag.library.state import Failure, PaperRow
 from arag.records import Answer, NodeEvent
 from arag.retrieval.pipeline import SearchResult, found_by
 
 MAX_PAPERS = 50
-_ARXIV_ID = re.compile(r"^(\d{4}\.\d{4,5}|[a-z\-]+(\.[A-Z]{2})?/\d{7})(v\d+)?$")
-
-
-def arxiv_url(paper_id: str) -> str | None:
-    """The arXiv abstract page of a paper id, when the id is an arXiv id (PDFs added by hand are not)."""
-    return f"https://arxiv.org/abs/{paper_id}" if _ARXIV_ID.match(paper_id) else None
 
 
 class _Request(BaseModel):
@@ -218,6 +213,13 @@ class ErrorBody(BaseModel):
     fix: str | None = Field(default=None, description="what to do about it")
     status: int
     request_id: str | None = None
+
+
+class StartEvent(BaseModel):
+    """The first event of a stream: the request's id and the question as received."""
+
+    request_id: str
+    question: str
 
 
 class TokenEvent(BaseModel):

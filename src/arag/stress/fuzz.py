@@ -24,7 +24,7 @@ import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from arag.records import NodeEvent
-from arag.service.schemas import ErrorBody, QueryResponse, TokenEvent
+from arag.service.schemas import ErrorBody, QueryResponse, StartEvent, TokenEvent
 
 # Operations that run the agent: each positive case is a full answer.
 ANSWERING = frozenset({"POST /query", "POST /query/stream", "POST /chat"})
@@ -51,14 +51,9 @@ EXCLUDED = [
 ]
 
 
-class _Start(BaseModel):
-    request_id: str
-    question: str
-
-
 # The data model of each event the stream sends (routes.py, SSE_DOC).
 SSE_MODELS: dict[str, type[BaseModel]] = {
-    "start": _Start,
+    "start": StartEvent,
     "node": NodeEvent,
     "token": TokenEvent,
     "answer": QueryResponse,

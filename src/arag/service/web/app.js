@@ -853,11 +853,6 @@ function renderPapers(r) {
   $("#papers-next").disabled = to >= r.total;
 }
 
-// The API's abstract is the text the embedder read: "Title: … Section: Abstract <abstract>".
-function cleanAbstract(text) {
-  return (text || "").replace(/^Title:[\s\S]*?\bSection: Abstract\s+/, "").trim();
-}
-
 function paperItem(p) {
   const detailId = `paper-detail-${p.id.replace(/[^A-Za-z0-9_-]/g, "_")}`;
   const detail = el("div", { class: "paper-detail", id: detailId, hidden: true });
@@ -876,7 +871,7 @@ function paperItem(p) {
             d.authors?.length ? el("p", { class: "muted", text: d.authors.join(", ") }) : null,
             d.topic_label ? el("p", { class: "muted small" }, `Topic: ${d.topic_label}`) : null,
             el("h3", { class: "abstract-h", text: "Abstract" }),
-            el("p", { class: "abstract", text: cleanAbstract(d.abstract) || "(no abstract)" }),
+            el("p", { class: "abstract", text: (d.abstract || "").trim() || "(no abstract)" }),
             el("button", {
               type: "button", class: "btn",
               onclick: () => {
