@@ -6,6 +6,19 @@ STAMP := $(VENV)/.installed
 # llama-cpp-python compiles llama.cpp (~12 min on 2 cores): its wheel is built once and kept here.
 WHEELS ?= $(or $(ARAG_DATA_DIR),$(HOME)/.local/share/arag)/wheels
 LLAMA_CPP := llama-cpp-python==0.3.36
+# A portable build: never -march=native, whose wheel runs only on CPUs like the one it was built on,
+# and never AMX or AVX-512, which a CPU can list while its OS forbids them (SIGILL on the first long
+# prompt). x86-64 gets AVX2/FMA/F16C (every x86 CPU since 2013-2015); others build ggml's defaults.
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF \
+	-DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+else
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF
+endif
+# The cached wheel's folder is named by the recipe: a changed recipe (or version) builds a new wheel.
+LLAMA_RECIPE := $(shell printf '%s %s' '$(LLAMA_CPP)' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+LLAMA_WHEELS := $(WHEELS)/llama-cpp-$(LLAMA_RECIPE)
 # Two cores: cap native thread pools so ONNX Runtime / BLAS / torch never oversubscribe.
 export OMP_NUM_THREADS ?= 2
 export OPENBLAS_NUM_THREADS ?= 2
@@ -22,9 +35,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip==25.3
 	# torch first and pinned: the CPU build lies on local disk; unpinned torch pulls CUDA (GBs).
 	$(BIN)/pip install --quiet torch==2.13.0
-	test -n "$$(ls $(WHEELS)/llama_cpp_python-0.3.36-*.whl 2>/dev/null)" || \
-		CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/pip wheel --quiet --no-deps -w $(WHEELS) $(LLAMA_CPP)
-	$(BIN)/pip install --quiet --find-links $(WHEELS) -e '.[torch,dev,llm]'
+	# --no-cache-dir: pip's own wheel cache knows nothing of CMAKE_ARGS and would hand back an old build.
+	test -n "$$(ls $(LLAMA_WHEELS)/llama_cpp_python-0.3.36-*.whl 2>/dev/null)" || \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		$(BIN)/pip wheel --quiet --no-cache-dir --no-deps -w $(LLAMA_WHEELS) $(LLAMA_CPP)
+	$(BIN)/pip install --quiet --find-links $(LLAMA_WHEELS) -e '.[torch,dev,llm]'
+	# One real generation on a 600-token prompt, in a child process: a build this CPU cannot run stops
+	# set-up here, with the signal and the fix, not in the middle of the tests or of a question.
+	$(BIN)/arag llm check --model qwen2.5-coder-0.5b --prompt-tokens 600 --max-tokens 16
 	touch $(STAMP)
 
 # The library (built once, then kept up to date), the reranker (trained once, about 19 min on 2 cores;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import socket
 import struct
 import sys
@@ -19,7 +20,7 @@ import pytest
 
 from arag.errors import ConfigError, ModelError, NetworkError
 from arag.llm import gguf
-from arag.llm.base import LLM, ChatMessage, Completion
+from arag.llm.base import ChatMessage, Completion
 from arag.llm.factory import get_llm
 from arag.llm.gguf import (
     PACKAGED_MODELS,
@@ -32,7 +33,7 @@ from arag.llm.gguf import (
     read_gguf_header,
     resolve_model_path,
 )
-from arag.llm.llama_cpp import LlamaCppLLM
+from arag.llm.local import LocalLLM, VocabTokenizer
 from arag.llm.openai_compat import OpenAICompatLLM, estimate_tokens
 from arag.settings import LLMSettings, Settings, get_settings
 
@@ -373,33 +374,16 @@ def test_resolve_model_path(tmp_path: Path) -> None:
 
 
 class FakeLlama:
-    """Stands in for ``llama_cpp.Llama``: records arguments, answers from a script."""
+    """Stands in for ``llama_cpp.Llama``: records its arguments, tokenizes on whitespace."""
 
     instances: list[FakeLlama] = []
 
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs = kwargs
-        self.calls: list[dict[str, Any]] = []
         FakeLlama.instances.append(self)
 
-    def create_chat_completion(self, **kwargs: Any) -> Any:
-        self.calls.append(kwargs)
-        if kwargs.get("stream"):
-            return iter(
-                [
-                    {"choices": [{"delta": {"role": "assistant"}, "finish_reason": None}]},
-                    {"choices": [{"delta": {"content": "Par"}, "finish_reason": None}]},
-                    {"choices": [{"delta": {"content": "is"}, "finish_reason": None}]},
-                    {"choices": [{"delta": {}, "finish_reason": "stop"}]},
-                ]
-            )
-        text = '{"answer": "Paris"}' if "response_format" in kwargs else "Paris"
-        return {
-            "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11},
-        }
-
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        assert (add_bos, special) == (False, False)
         return list(range(len(text.split())))
 
 
@@ -412,44 +396,12 @@ def fake_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> type[FakeLlama]:
     return FakeLlama
 
 
-def test_llama_cpp_backend_via_factory(tmp_path: Path, fake_llama_cpp: type[FakeLlama]) -> None:
-    model = write_gguf(tmp_path / "mine.gguf")
-    settings = get_settings(
-        llm={"model": str(model), "threads": 3, "context_tokens": 2048, "seed": 7, "cache": False}
-    )
-    llm = get_llm(settings)
-    assert isinstance(llm, LlamaCppLLM) and isinstance(llm, LLM)
-    assert (llm.name, llm.context_tokens) == ("mine", 2048)
+def test_vocab_tokenizer_loads_no_weights(tmp_path: Path, fake_llama_cpp: type[FakeLlama]) -> None:
+    # The server process counts tokens for context budgets without loading the model's weights.
+    tok = VocabTokenizer(tmp_path / "m.gguf")
     (fake,) = fake_llama_cpp.instances
-    assert fake.kwargs == {
-        "model_path": str(model.resolve()),
-        "n_ctx": 2048,
-        "n_threads": 3,
-        "n_threads_batch": 3,
-        "n_gpu_layers": 0,
-        "seed": 7,
-        "verbose": False,
-    }
-    msgs = [ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="Capital?")]
-    out = llm.complete(msgs, max_tokens=16, stop=["\n"])
-    assert out.model_copy(update={"seconds": 0.0}) == Completion(
-        text="Paris", prompt_tokens=9, completion_tokens=2, finish_reason="stop"
-    )
-    assert fake.calls[0] == {
-        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital?"}],
-        "temperature": 0.0,
-        "seed": 7,
-        "max_tokens": 16,
-        "stop": ["\n"],
-        "repeat_penalty": 1.0,
-    }
-    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
-    assert llm.complete(msgs, json_schema=schema).text == '{"answer": "Paris"}'
-    assert fake.calls[1]["response_format"] == {"type": "json_object", "schema": schema}
-    assert list(llm.stream(msgs)) == ["Par", "is"]
-    assert fake.calls[2]["stream"] is True
-    assert llm.count_tokens("three words here") == 3
-    assert llm.count_tokens("") == 0
+    assert fake.kwargs == {"model_path": str(tmp_path / "m.gguf"), "vocab_only": True, "verbose": False}
+    assert (tok.count("three words here"), tok.count("")) == (3, 0)
 
 
 def test_llama_cpp_missing_runtime_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -747,7 +699,11 @@ def test_real_llama_cpp_05b_is_deterministic() -> None:
         llm=LLMSettings(model="qwen2.5-coder-0.5b", context_tokens=1024, threads=2, cache=False)
     )
     llm = get_llm(settings)
-    assert isinstance(llm, LlamaCppLLM)
+    # The model runs in a supervised process of its own, never in this one.
+    assert isinstance(llm, LocalLLM)
+    (proc,) = llm.info()
+    assert proc.state == "ready" and proc.pid not in (None, os.getpid())
+    assert "AVX2 = 1" in proc.build and "AMX_INT8 = 1" not in proc.build and "AVX512 = 1" not in proc.build
     msgs = [ChatMessage(role="user", content="Name the capital of France in one word.")]
     first = llm.complete(msgs, max_tokens=16)
     second = llm.complete(msgs, max_tokens=16)
@@ -758,3 +714,20 @@ def test_real_llama_cpp_05b_is_deterministic() -> None:
     assert isinstance(json.loads(out.text)["answer"], str)
     assert llm.count_tokens("The capital of France is Paris.") > 0
     llm.close()
+    assert llm.info()[0].state == "stopped"
+
+
+@pytest.mark.real_models
+def test_real_05b_answers_a_2000_token_prompt(tmp_path: Path) -> None:
+    # The prompt length that killed a native build with SIGILL (AMX kernels run on long batches).
+    pytest.importorskip("llama_cpp")
+    from arag.llm.check import check_model
+    from arag.llm.gguf import resolve_model_path
+
+    settings = Settings(llm=LLMSettings(model="qwen2.5-coder-0.5b", context_tokens=4096, threads=2))
+    path = resolve_model_path("qwen2.5-coder-0.5b", settings.data_dir)
+    result = check_model(
+        path, settings.llm, name="qwen2.5-coder-0.5b", log_dir=tmp_path, prompt_tokens=2000, max_tokens=24
+    )
+    assert result.prompt_tokens >= 2000 and result.generated_tokens > 1 and result.reply
+    assert result.prompt_tokens_per_s > 0 and result.generated_tokens_per_s > 0

@@ -106,6 +106,58 @@ def test_search_and_health_while_a_question_runs(url: str) -> None:
     assert len(hits) == 3 and all(h["found_by"] for h in hits)
 
 
+def test_the_model_process_killed_under_a_query(url: str) -> None:
+    """SIGKILL of the real model process mid-generation: that /query gets 503 with the reason, /health
+    answers throughout, and the next /query is answered by the restarted process."""
+    import signal
+    import threading
+
+    import psutil
+
+    (proc,) = httpx.get(f"{url}/ready").json()["llm_processes"]
+    model = psutil.Process(proc["pid"])
+    result: dict[str, httpx.Response] = {}
+    # A question no other test asks: a cached reply would never reach the model.
+    question = "Which datasets does the paper 'Joint learning of ontology and semantic parser from text' use?"
+    t = threading.Thread(
+        target=lambda: result.update(r=httpx.post(f"{url}/query", json={"question": question}, timeout=300))
+    )
+    busy = model.cpu_times().user
+    t.start()
+    # The model process burns CPU only while it generates: that is when the query is in flight.
+    deadline = time.monotonic() + 120
+    while model.cpu_times().user < busy + 0.5:
+        assert time.monotonic() < deadline and t.is_alive(), "the query never reached the model"
+        time.sleep(0.05)
+    model.send_signal(signal.SIGKILL)
+    assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+    t.join(300)
+    r = result["r"]
+    assert r.status_code == 503 and "SIGKILL" in r.json()["error"], r.text
+    # Another new question: answered by the restarted process, not from the cache.
+    again = httpx.post(
+        f"{url}/query", json={"question": "What does the semantic parser output?"}, timeout=300
+    )
+    assert again.status_code == 200, again.text
+    (after,) = httpx.get(f"{url}/ready").json()["llm_processes"]
+    assert (
+        after["pid"] != proc["pid"]
+        and after["restarts"] == proc["restarts"] + 1
+        and after["state"] == "ready"
+    )
+
+
+def _gone(pid: int, seconds: float = 15) -> bool:
+    import psutil
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def test_arag_serve_starts_says_where_and_serves_the_page(real_settings: Settings, tmp_path: Path) -> None:
     # A copy of the library (the app above holds its index open), with the model assembled there.
     data = tmp_path / "lib"
@@ -132,6 +184,10 @@ def test_arag_serve_starts_says_where_and_serves_the_page(real_settings: Setting
         assert f"http://127.0.0.1:{port}" in out, out
         page = httpx.get(f"http://127.0.0.1:{port}/", timeout=10)
         assert page.status_code == 200 and "<html" in page.text.lower()
+        (model,) = httpx.get(f"http://127.0.0.1:{port}/ready").json()["llm_processes"]
+        assert model["state"] == "ready" and model["pid"] != proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    # No model process outlives the server it served.
+    assert _gone(model["pid"]), f"model process {model['pid']} outlived arag serve"

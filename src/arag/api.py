@@ -28,6 +28,7 @@ from arag.library.manage import list_papers, open_for_search
 from arag.library.state import PaperRow
 from arag.llm.base import LLM
 from arag.llm.gguf import AssemblyProgress
+from arag.llm.process import ProcessInfo
 from arag.models.reranker import Reranker
 from arag.records import Answer, NodeEvent, SearchFilter
 from arag.retrieval.pipeline import Retriever, SearchResult
@@ -100,12 +101,17 @@ class Library:
             self._ids = frozenset(r.id for r in self._papers)
             self.resolver = PaperResolver([(r.id, r.title) for r in self._papers])
             self._hybrid = hybrid = HybridRetriever(store, embedder, self.settings.retrieval, self.resolver)
+            # A model this library loaded is this library's to stop (a local one runs in processes).
+            self._owns_llm = llm is None
             self.llm: LLM | None = llm if llm is not None else get_llm(self.settings, progress)
             self.retriever: Retriever = make_retriever(self.settings, store, hybrid, reranker, llm=self.llm)
             self.agent: Agent = build_agent(self.settings, self.retriever, self.llm)
             self.chat_history = ChatHistory(chat_db(self.settings))
         except BaseException:
             store.close()
+            close_llm = getattr(getattr(self, "llm", None), "close", None)
+            if llm is None and close_llm is not None:
+                close_llm()
             raise
         self._store = store
         self._embedder = embedder
@@ -164,6 +170,13 @@ class Library:
     def embedder_id(self) -> str:
         """The embedding model the library was built with."""
         return self._embedder.model_id
+
+    def llm_processes(self) -> list[ProcessInfo]:
+        """The local model's processes (pid, state, restarts, last exit, build); none for a hosted
+        LLM, the extractive mode or a model passed in without supervision."""
+        inner = getattr(self.llm, "inner", self.llm)
+        info = getattr(inner, "info", None)
+        return list(info()) if callable(info) else []
 
     def chunk_count(self) -> int:
         """Chunks in the index now."""
@@ -242,6 +255,9 @@ class Library:
                 return
             self._closed = True
             self._store.close()
+            close_llm = getattr(self.llm, "close", None)
+            if self._owns_llm and close_llm is not None:
+                close_llm()
 
     def __enter__(self) -> Library:
         return self

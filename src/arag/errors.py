@@ -1,7 +1,7 @@
 """The error hierarchy. Every message says what failed, where, and how to fix it.
 
-The CLI maps each class to an exit code (``exit_code``); the API (a later issue) maps
-``http_status``. Nothing else in arag raises bare exceptions at a user.
+The CLI maps each class to an exit code (``exit_code``); the service maps ``http_status`` (and
+sends it in SSE ``error`` events). Nothing else in arag raises bare exceptions at a user.
 """
 
 from __future__ import annotations
@@ -54,6 +54,14 @@ class ModelError(AragError):
 
     exit_code = 5
     http_status = 503
+
+
+class ModelUnavailable(ModelError):
+    """The local LLM process died under a request, or is restarting: this answer fails, the service
+    stays up, and a retry in a few seconds reaches the restarted model. Never answered by a fallback
+    (an extractive answer in its place would be a different result than the one asked for)."""
+
+    retry_after = 5
 
 
 class IndexError_(AragError):

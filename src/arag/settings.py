@@ -162,6 +162,12 @@ class LLMSettings(BaseModel):
     timeout_s: float = 120.0
     # llama-cpp: layers offloaded to a GPU (0: CPU only; -1: all), when llama.cpp was built with one.
     gpu_layers: int = 0
+    # llama-cpp: model processes, each with threads // processes threads and one request at a time
+    # (`arag bench service` compares 1 and 2 on 2 cores: see the README).
+    processes: int = Field(default=1, ge=1, le=16)
+    # llama-cpp: how long a model process may take to load, and a request to wait for a free one.
+    start_timeout_s: float = 180.0
+    queue_timeout_s: float = 900.0
     # openai: retries on 429/5xx and dropped connections, with doubling backoff from backoff_s.
     retries: int = 2
     backoff_s: float = 1.0
@@ -348,8 +354,8 @@ class Settings(BaseSettings):
         return self.cache_dir / "embeddings.sqlite3"
 
     @property
-    def models_dir(self) -> Path:
-        return self.data_dir / "models"
+    def logs_dir(self) -> Path:
+        return self.data_dir / "logs"
 
     @property
     def reranker_dir(self) -> Path:

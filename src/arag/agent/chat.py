@@ -27,7 +27,7 @@ from arag.agent.deps import ask
 from arag.agent.direct import arithmetic_expression, is_chitchat
 from arag.agent.graph import MAX_QUESTION_CHARS
 from arag.agent.terms import entities, key_terms, strip_citations
-from arag.errors import AragError, InputError, StoreError
+from arag.errors import AragError, InputError, ModelUnavailable, StoreError
 from arag.index.sparse import STOPWORDS
 from arag.llm.base import LLM
 from arag.records import Answer
@@ -585,6 +585,8 @@ class Rewriter:
                 rewrite_prompt(msg, history, self.history_turns),
                 max_tokens=120,
             )
+        except ModelUnavailable:
+            raise
         except AragError:
             reply = ""
         question = clean_reply(reply, msg, previous)

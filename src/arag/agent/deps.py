@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from arag.agent.support import SupportScorer
-from arag.errors import AragError
+from arag.errors import AragError, ModelUnavailable
 from arag.llm.base import LLM, ChatMessage
 from arag.records import NodeEvent, SearchFilter
 from arag.retrieval.pipeline import SearchResult
@@ -62,6 +62,8 @@ def ask_json(
     (callers fall back to their rules)."""
     try:
         text = ask(llm, system, user, max_tokens=max_tokens, json_schema=schema)
+    except ModelUnavailable:
+        raise  # the model process died: this run fails with the reason, no rules in its place
     except AragError as exc:
         log.warning("LLM call failed, falling back to rules: %s", exc)
         return None

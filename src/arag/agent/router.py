@@ -15,7 +15,7 @@ from arag.agent.deps import AgentDeps, ask, ask_json
 from arag.agent.direct import arithmetic_expression, evaluate, fixed_reply, is_chitchat
 from arag.agent.state import AgentState, Step
 from arag.agent.terms import entities, key_terms
-from arag.errors import AragError
+from arag.errors import AragError, ModelUnavailable
 from arag.records import Answer, Route
 
 _ARXIV = re.compile(r"(?<![\d.])\d{4}\.\d{4,5}(?:v\d+)?(?!\d)")
@@ -146,6 +146,8 @@ def make_direct(deps: AgentDeps):
             try:
                 text = ask(deps.llm, prompts.DIRECT_SYSTEM, question, max_tokens=80).strip()
                 how = "LLM small talk"
+            except ModelUnavailable:
+                raise
             except AragError:
                 text = prompts.SMALL_TALK_REPLY
             short = ""
@@ -171,6 +173,8 @@ def make_about(deps: AgentDeps):
                     ask(deps.llm, about_prompt(), question, max_tokens=deps.max_answer_tokens).strip() or text
                 )
                 how = "LLM over the description"
+            except ModelUnavailable:
+                raise
             except AragError:
                 pass
         short = sections[0].split(". ")[0].rstrip(".") + "."

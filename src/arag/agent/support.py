@@ -23,7 +23,7 @@ import numpy as np
 
 from arag.agent import prompts
 from arag.agent.terms import key_terms, strip_citations, strip_placeholders
-from arag.errors import AragError, ModelError
+from arag.errors import AragError, ModelError, ModelUnavailable
 from arag.index.sparse import tokenize
 from arag.llm.base import LLM, ChatMessage
 from arag.models.reranker import CARD_FILE, MODEL_FILE, OnnxReranker
@@ -86,6 +86,8 @@ class LLMJudgeSupport:
         ]
         try:
             reply = self.llm.complete(messages, max_tokens=4).text
+        except ModelUnavailable:
+            raise
         except AragError as exc:
             log.warning("support judge failed: %s", exc)
             return 0.5

@@ -28,7 +28,7 @@ from arag.agent.terms import (
     strip_instructions,
     strip_placeholders,
 )
-from arag.errors import AragError, Cancelled
+from arag.errors import AragError, Cancelled, ModelUnavailable
 from arag.index.sparse import tokenize
 from arag.llm.base import ChatMessage
 from arag.records import AnswerType
@@ -250,7 +250,9 @@ def make_synthesizer(deps: AgentDeps):
             )
             try:
                 raw = _generate(deps, user)
-            except Cancelled:
+            except (Cancelled, ModelUnavailable):
+                # A model process that died fails this answer: an extractive one in its place would
+                # be another answer than the one asked for.
                 raise
             except AragError as exc:
                 log.warning("synthesis LLM failed, answering extractively: %s", exc)

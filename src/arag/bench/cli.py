@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from arag.cli.common import build_progress, console, handle_errors, load_settings
+from arag.errors import InputError
+
+if TYPE_CHECKING:
+    from arag.bench.service import ServiceBench
 
 bench_app = typer.Typer(no_args_is_help=True)
 
@@ -156,15 +161,43 @@ def bench_service(
         str | None, typer.Option(help="A running server to measure (default: start `arag serve` here).")
     ] = None,
     port: Annotated[int, typer.Option(help="Port for the server this command starts.")] = 7861,
+    processes: Annotated[
+        str | None,
+        typer.Option(
+            help="Local model process counts to compare in one run, e.g. 1,2 (threads are shared out)."
+        ),
+    ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
 ) -> None:
-    """N concurrent streamed questions while /health is probed every 50 ms (idle baseline, same run)."""
+    """N concurrent streamed questions while /health is probed every 50 ms (idle baseline, same run);
+    with --processes, one server per setting, one after the other, compared in one table."""
     from arag.bench.service import run_service_bench
 
     settings = load_settings()
-    console.print(f"[dim]{clients} clients against {url or f'arag serve on port {port}'}…[/]")
-    r = run_service_bench(settings, clients=clients, url=url, port=port)
-    table = Table(title=f"service benchmark ({r.clients} streams, LLM {r.llm})", show_header=False,
+    counts = [int(p) for p in processes.split(",")] if processes else [None]
+    if url is not None and processes:
+        raise InputError("--processes starts its own servers", where="--url", fix="drop --url or --processes")
+    results = []
+    for n in counts:
+        env = {"ARAG_LLM__PROCESSES": str(n)} if n is not None else None
+        label = f" with {n} model process{'es' if n != 1 else ''}" if n is not None else ""
+        console.print(f"[dim]{clients} clients against {url or f'arag serve on port {port}'}{label}…[/]")
+        r = run_service_bench(settings, clients=clients, url=url, port=port, env=env)
+        results.append(r)
+        _print_service(r)
+    if len(results) > 1:
+        _compare_service(results)
+    if json_out:
+        data = results[0].model_dump() if len(results) == 1 else {"runs": [r.model_dump() for r in results]}
+        json_out.write_text(json.dumps(data, indent=2))
+        console.print(f"wrote {json_out}")
+    if any(r.completed < r.clients for r in results):
+        raise typer.Exit(1)
+
+
+def _print_service(r: ServiceBench) -> None:
+    procs = f", {r.llm_processes} x {r.llm_threads} threads" if r.llm_processes else ""
+    table = Table(title=f"service benchmark ({r.clients} streams, LLM {r.llm}{procs})", show_header=False,
                   title_justify="left")  # fmt: skip
     table.add_row("streams completed", f"{r.completed}/{r.clients} in {r.wall_s:.1f} s")
     table.add_row(
@@ -173,6 +206,7 @@ def bench_service(
     table.add_row(
         "first token", f"p50 {r.first_token.p50_ms / 1000:.1f} s, p95 {r.first_token.p95_ms / 1000:.1f} s"
     )
+    table.add_row("tokens streamed", f"{r.tokens_per_s:.2f} tokens/s over all clients")
     table.add_row(
         "/health idle",
         f"p50 {r.health_idle.p50_ms:.1f} ms, p95 {r.health_idle.p95_ms:.1f} ms (n={r.health_idle.n})",
@@ -187,11 +221,31 @@ def bench_service(
     for s in r.streams:
         if not s.ok:
             console.print(f"[red]failed:[/] {s.question}: {s.error or s.status}", highlight=False)
-    if json_out:
-        json_out.write_text(r.model_dump_json(indent=2))
-        console.print(f"wrote {json_out}")
-    if r.completed < r.clients:
-        raise typer.Exit(1)
+
+
+def _compare_service(results: list[ServiceBench]) -> None:
+    base = results[0]
+    table = Table(
+        title="model processes compared (same library, same questions, one run)", title_justify="left"
+    )
+    for col in (
+        "processes x threads",
+        "first token p50 / p95 s",
+        "stream p50 / p95 s",
+        "tokens/s",
+        "vs first",
+    ):
+        table.add_column(col)
+    for r in results:
+        ratio = r.tokens_per_s / base.tokens_per_s if base.tokens_per_s else 0.0
+        table.add_row(
+            f"{r.llm_processes} x {r.llm_threads}",
+            f"{r.first_token.p50_ms / 1000:.1f} / {r.first_token.p95_ms / 1000:.1f}",
+            f"{r.stream_total.p50_ms / 1000:.1f} / {r.stream_total.p95_ms / 1000:.1f}",
+            f"{r.tokens_per_s:.2f}",
+            f"x{ratio:.2f} tokens/s",
+        )
+    console.print(table)
 
 
 @bench_app.command("scale")

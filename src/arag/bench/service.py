@@ -68,6 +68,11 @@ class ServiceBench(BaseModel):
     url: str
     clients: int
     llm: str
+    # Local model processes (ARAG_LLM__PROCESSES) and threads each; 0 for a hosted LLM.
+    llm_processes: int = 0
+    llm_threads: int = 0
+    # Streamed tokens of all clients over the wall time: the machine's answer throughput.
+    tokens_per_s: float = 0.0
     streams: list[StreamRun]
     completed: int
     wall_s: float
@@ -166,27 +171,37 @@ async def _run(
 
 
 def run_service_bench(
-    settings: Settings, *, clients: int = 8, url: str | None = None, port: int = 7861
+    settings: Settings,
+    *,
+    clients: int = 8,
+    url: str | None = None,
+    port: int = 7861,
+    env: dict[str, str] | None = None,
 ) -> ServiceBench:
-    """Start ``arag serve`` on the configured library (unless ``url``), run the clients, stop it;
-    the figures."""
+    """Start ``arag serve`` on the configured library (unless ``url``; ``env``: its extra settings,
+    e.g. ``ARAG_LLM__PROCESSES``), run the clients, stop it; the figures."""
     from arag.stress.api import serving  # it imports this module's figures
 
     with ExitStack() as stack:
         if url is None:
             # No LLM cache: the benchmark asks the same questions every run, and cached replies cost nothing.
             log = settings.data_dir / "bench-serve.log"
-            url = stack.enter_context(serving(settings.data_dir, port, log, ARAG_LLM__CACHE="false"))
+            overrides = {"ARAG_LLM__CACHE": "false", **(env or {})}
+            url = stack.enter_context(serving(settings.data_dir, port, log, **overrides))
         system = httpx.get(f"{url}/v1/system", timeout=10).json()
         llm = system["models"]["llm"]
         if system["settings"].get("llm_cache"):
             llm += " (with its LLM cache on: repeated questions cost nothing)"
+        procs = system.get("llm_processes") or []
         idle, loaded, errors, runs, wall = asyncio.run(_run(url, clients, idle_probes=40))
     h_idle, h_load = Latency.of(idle), Latency.of(loaded)
     return ServiceBench(
         url=url,
         clients=clients,
         llm=llm,
+        llm_processes=len(procs),
+        llm_threads=int(system["settings"].get("llm_threads", 0)) // max(len(procs), 1) if procs else 0,
+        tokens_per_s=round(sum(r.tokens for r in runs) / wall, 2) if wall else 0.0,
         streams=runs,
         completed=sum(r.ok for r in runs),
         wall_s=round(wall, 2),

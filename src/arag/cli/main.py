@@ -37,6 +37,7 @@ def _register_subapps() -> None:
     from arag.bench.cli import bench_app
     from arag.cli.ask import register as register_ask
     from arag.cli.corpus import corpus_app
+    from arag.cli.llm import llm_app
     from arag.cli.train import train_app
     from arag.eval.cli import eval_app
 
@@ -54,6 +55,7 @@ def _register_subapps() -> None:
     )
     app.add_typer(bench_app, name="bench", help="Benchmarks that print figures and can write JSON.")
     app.add_typer(eval_app, name="eval", help="Quality figures on QASPER (validation split).")
+    app.add_typer(llm_app, name="llm", help="The local LLM's runtime: `arag llm check` (set-up runs it).")
     app.add_typer(
         train_app, name="train", help="Train arag's own models (the reranker) from packaged weights."
     )

@@ -131,5 +131,9 @@ class CachedLLM:
         return self.inner.count_tokens(text)
 
     def close(self) -> None:
+        """Close the cache and the model behind it."""
         with self._lock:
             self._db.close()
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()

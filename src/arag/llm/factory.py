@@ -22,13 +22,16 @@ def get_llm(settings: Settings, progress: AssemblyProgress | None = None) -> LLM
 
         llm = OpenAICompatLLM(cfg)
     else:
-        from arag.llm.llama_cpp import LlamaCppLLM, import_llama_cpp
+        from arag.llm.llama_cpp import import_llama_cpp
+        from arag.llm.local import LocalLLM
 
         # Fail on a missing runtime before spending a minute assembling a model it cannot run.
         import_llama_cpp()
         path = resolve_model_path(cfg.model, settings.data_dir, progress)
         name = cfg.model if cfg.model in PACKAGED_MODELS else path.stem
-        llm = LlamaCppLLM(path, cfg, name=name)
+        # The model runs in supervised processes of its own: a crash of llama.cpp costs the requests
+        # in flight, never this process (see llm/process.py).
+        llm = LocalLLM(path, cfg, name=name, log_dir=settings.logs_dir)
     return with_cache(llm, settings)
 
 

@@ -15,7 +15,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -62,7 +62,12 @@ class OpenAICompatLLM:
         *,
         transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        schema_format: Literal["openai", "llama-cpp"] = "openai",
+        extra_body: dict[str, Any] | None = None,
     ) -> None:
+        """``schema_format``: how a JSON schema is sent (OpenAI's ``json_schema`` response format, or
+        llama-cpp-python's ``json_object`` with a ``schema``, which it compiles into a grammar);
+        ``extra_body``: fields sent with every request (a server's own sampling options)."""
         base_url = (settings.base_url or OPENAI_BASE_URL).rstrip("/")
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -81,6 +86,8 @@ class OpenAICompatLLM:
         self.backoff_s = settings.backoff_s
         self.key_env = settings.api_key_env
         self._sleep = sleep
+        self._schema_format = schema_format
+        self._extra_body = dict(extra_body or {})
         # None until a server shows whether it takes response_format json_schema.
         self._schema_format_ok: bool | None = None
         # The key lives in the variable the user named (OPENAI_API_KEY, GROQ_API_KEY, ...).
@@ -115,6 +122,7 @@ class OpenAICompatLLM:
             "seed": self.seed,
             "max_tokens": max_tokens,
         }
+        body.update(self._extra_body)
         if stop:
             body["stop"] = list(stop)
         if stream:
@@ -209,12 +217,19 @@ class OpenAICompatLLM:
         started = time.perf_counter()
         body = self._body(messages, max_tokens, stop)
         if json_schema is not None and self._schema_format_ok is not False:
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "reply", "schema": json_schema},
-            }
+            body["response_format"] = (
+                {"type": "json_object", "schema": json_schema}
+                if self._schema_format == "llama-cpp"
+                else {"type": "json_schema", "json_schema": {"name": "reply", "schema": json_schema}}
+            )
             resp = self._send(body)
-            if resp.status_code == 400:
+            if resp.status_code == 500 and self._schema_format == "llama-cpp":
+                # A schema feature llama.cpp's grammar converter lacks: any JSON object instead (the
+                # caller validates), as llama-cpp-python's own fallback would.
+                log.warning("the model server could not use the JSON schema (%s)", _error_message(resp))
+                body["response_format"] = {"type": "json_object"}
+                resp = self._send(body)
+            elif resp.status_code == 400:
                 log.warning(
                     "the LLM endpoint rejected response_format (%s); asking for JSON in the prompt",
                     _error_message(resp),

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from arag.errors import AragError, ConfigError
+from arag.errors import AragError, ConfigError, ModelUnavailable
 from arag.llm.base import LLM, ChatMessage
 from arag.records import ScoredChunk, SearchFilter
 from arag.retrieval.fusion import fuse_chunks
@@ -175,6 +175,8 @@ def _ask(llm: LLM, system: str, user: str, max_tokens: int, schema: dict[str, An
     messages = [ChatMessage(role="system", content=system), ChatMessage(role="user", content=user)]
     try:
         return llm.complete(messages, max_tokens=max_tokens, json_schema=schema).text, ""
+    except ModelUnavailable:
+        raise
     except AragError as exc:
         log.warning("query expansion failed, searching the query alone: %s", exc)
         return "", f"the LLM call failed: {exc.what}"

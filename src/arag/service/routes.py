@@ -106,8 +106,25 @@ async def ready(request: Request) -> JSONResponse:
             else:
                 checks["index"] = f"{chunks} chunks in the index, {expected} recorded by the build"
         checks["models"] = "ok"
+        procs = lib.llm_processes()
+        if procs:
+            down = [p for p in procs if p.state != "ready"]
+            checks["llm"] = (
+                f"ok ({len(procs)} model process{'es' if len(procs) > 1 else ''})"
+                if not down
+                else "; ".join(
+                    f"model process {p.state}" + (f" after {p.last_exit}" if p.last_exit else "")
+                    for p in down
+                )  # fmt: skip
+            )
     ok = all(v.startswith("ok") for v in checks.values())
-    body = Ready(ready=ok, papers=papers, chunks=chunks, checks=checks)
+    body = Ready(
+        ready=ok,
+        papers=papers,
+        chunks=chunks,
+        checks=checks,
+        llm_processes=svc.library.llm_processes() if svc.library is not None else [],
+    )
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
 
@@ -138,6 +155,8 @@ async def system(request: Request) -> SystemInfo:
         settings={
             "llm_provider": s.llm.provider,
             "llm_cache": s.llm.cache,
+            "llm_processes": s.llm.processes,
+            "llm_threads": s.llm.threads,
             "rerank_provider": s.rerank.provider,
             "retrieval_strategy": s.retrieval.strategy,
             "support": s.agent.support,
@@ -156,6 +175,7 @@ async def system(request: Request) -> SystemInfo:
             "search_in_flight": svc.search_pool.in_flight,
             "search_capacity": svc.search_pool.capacity,
         },
+        llm_processes=lib.llm_processes(),
     )
 
 

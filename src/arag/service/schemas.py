@@ -12,6 +12,7 @@ from arag.agent.graph import MAX_QUESTION_CHARS
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.library.build import BuildSummary
 from arag.library.state import Failure, PaperRow
+from arag.llm.process import ProcessInfo
 from arag.records import Answer, NodeEvent
 from arag.retrieval.pipeline import SearchResult, found_by
 
@@ -196,6 +197,9 @@ class Ready(BaseModel):
     papers: int
     chunks: int
     checks: dict[str, str]
+    llm_processes: list[ProcessInfo] = Field(
+        default_factory=list, description="the local model's processes (none with a hosted LLM)"
+    )
 
 
 class SystemInfo(BaseModel):
@@ -205,6 +209,9 @@ class SystemInfo(BaseModel):
     library: dict[str, int | str]
     settings: dict[str, str | int | float | bool | list[str]]
     pool: dict[str, int]
+    llm_processes: list[ProcessInfo] = Field(
+        default_factory=list, description="the local model's processes: pid, state, restarts, build flags"
+    )
 
 
 class ErrorBody(BaseModel):
