@@ -64,12 +64,13 @@ def tail(path: Path, chars: int = 1500) -> str:
 
 
 def copy_library(settings: Settings, dest: Path) -> Path:
-    """Copy the state and the index (not the caches) to ``dest``; return the copy's data dir.
+    """Copy the state and the index of the current generation (not the caches) to ``dest``, as a
+    library in the data dir itself; return the copy's data dir.
 
     Sparse files stay sparse (``cp --sparse=always``): the engine preallocates pages of holes.
     """
     dest.mkdir(parents=True, exist_ok=True)
-    for p in settings.data_dir.glob(settings.state_db.name + "*"):
+    for p in settings.state_db.parent.glob(settings.state_db.name + "*"):
         shutil.copy2(p, dest / p.name)
     if settings.index_dir.is_dir():
         target = dest / settings.index_dir.name

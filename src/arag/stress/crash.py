@@ -1,10 +1,10 @@
 """Crash-resume: SIGKILL a library build at random points, check the library after every kill,
 and check that the resumed build ends with exactly the chunks of an uninterrupted one.
 
-Leftovers of the batch in flight. The build writes a batch (delete each paper's old points, then
-one upsert of all its chunks), flushes, and only then records its papers in the build state. A kill
-after the upsert and before the record leaves chunks of papers the state does not know; the resumed
-build starts at that same batch and deletes and rewrites them. So, after a kill, at most one batch
+Leftovers of the batch in flight. The build writes a batch (one upsert of all its chunks, then
+one delete of the papers' other, stale chunks), flushes, and only then records its papers in the
+build state. A kill after the upsert and before the record leaves chunks of papers the state does
+not know; the resumed build starts at that same batch and rewrites them. So, after a kill, at most one batch
 of unrecorded papers (``store.papers_per_batch``) may have chunks in the store, and each of those
 papers must be whole (the upsert is one write-ahead-log record); once a build finishes there must
 be none. Topic payloads are written to the store before the state, so they are only compared once
