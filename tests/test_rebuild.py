@@ -167,3 +167,26 @@ def test_killed_rebuild_leaves_the_old_library_then_resumes(tmp_path: Path, shar
     assert {r.id: r.n_chunks for r in list_papers(s)} == before and pdf_id in before
     assert [d.name for d in (s.data_dir / "generations").iterdir()] == [s.generation()]
     assert not (s.data_dir / "generation.next").exists()
+
+
+def test_while_a_rebuild_holds_the_library_nothing_opens_it(tmp_path: Path, qasper_path: Path) -> None:
+    s = _settings(tmp_path / "lib", 2)
+    build_library(s)
+    code = (
+        "import sys, time; from pathlib import Path; from arag.index.lock import acquire\n"
+        "lock = acquire(Path(sys.argv[1]), exclusive=True); print('ready', flush=True); time.sleep(120)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(s.data_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        with pytest.raises(StoreError, match=f"locked by pid {proc.pid} .*rebuilding it since"):
+            open_store(s, 384, create=False)
+    finally:
+        proc.kill()
+        proc.wait()
+    open_store(s, 384, create=False).close()  # the lock died with its process

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import sys
 import threading
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from arag.errors import StoreError
 
+log = logging.getLogger(__name__)
 LOCK_FILE = "library.lock"
 NOTES_DIR = "locks"
 
@@ -40,7 +42,7 @@ _holds: dict[str, _Hold] = {}
 class LibraryLock:
     """One acquisition of the library lock; ``release`` it once (a context manager too)."""
 
-    def __init__(self, key: str, data_dir: Path) -> None:
+    def __init__(self, key: str | None, data_dir: Path) -> None:
         self._key: str | None = key
         self.data_dir = data_dir
 
@@ -129,8 +131,19 @@ def acquire(data_dir: Path, *, exclusive: bool = False) -> LibraryLock:
                 )
             hold.count += 1
             return LibraryLock(key, data_dir)
-        data_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            if exclusive:
+                raise StoreError(
+                    f"cannot lock the library for the rebuild: {exc}",
+                    where=str(data_dir / LOCK_FILE),
+                    fix="make the data directory writable",
+                ) from exc
+            # A library on a read-only mount can still be read; nobody can rebuild it there either.
+            log.warning("reading the library without its lock (%s)", exc)
+            return LibraryLock(None, data_dir)
         try:
             fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         except OSError:

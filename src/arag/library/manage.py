@@ -104,9 +104,8 @@ def library_status(settings: Settings) -> LibraryStatus:
                 index_bytes = store.size_bytes()
             finally:
                 store.close()
-        state_bytes = sum(
-            p.stat().st_size for p in settings.data_dir.glob(settings.state_db.name + "*") if p.is_file()
-        )
+        db = settings.state_db
+        state_bytes = sum(p.stat().st_size for p in db.parent.glob(db.name + "*") if p.is_file())
         return LibraryStatus(
             data_dir=str(settings.data_dir),
             papers=len(rows),
