@@ -190,3 +190,29 @@ def test_while_a_rebuild_holds_the_library_nothing_opens_it(tmp_path: Path, qasp
         proc.kill()
         proc.wait()
     open_store(s, 384, create=False).close()  # the lock died with its process
+
+
+def test_a_resumed_rebuild_keeps_only_what_is_asked_and_cleans_up(tmp_path: Path, qasper_path: Path) -> None:
+    from arag.corpus.qasper import load_qasper
+    from arag.library.build import LibraryBuilder
+    from arag.library.rebuild import _start_generation
+
+    s = _settings(tmp_path / "lib", 6)
+    build_library(s)
+    # A rebuild of 6 papers killed just before its switch: a complete generation, still pending.
+    name = _start_generation(s)
+    with LibraryBuilder(s.at_generation(name)) as b:
+        b.index_papers(load_qasper(qasper_path, max_papers=6)[0])
+    fewer = _settings(tmp_path / "lib", 4)
+    summary = build_library(fewer, rebuild=True)
+    assert fewer.generation() == name  # resumed, not started over
+    assert summary.papers_skipped == 4 and summary.papers_added == 0
+    rows = list_papers(fewer)
+    assert len(rows) == 4 and library_status(fewer).chunks == sum(r.n_chunks for r in rows)
+    assert all(r.topic is not None for r in rows)
+    # What a rebuild killed during its cleanup leaves (the first library's files) goes next time.
+    (fewer.data_dir / "index").mkdir()
+    (fewer.data_dir / "library.sqlite3").write_bytes(b"")
+    build_library(fewer, rebuild=True)
+    assert not (fewer.data_dir / "index").exists() and not (fewer.data_dir / "library.sqlite3").exists()
+    assert len(list_papers(fewer)) == 4

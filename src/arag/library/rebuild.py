@@ -113,7 +113,12 @@ def _drop_collection(settings: Settings) -> None:
 
 
 def _clean_leftovers(settings: Settings, keep: set[str]) -> None:
-    """Generations no pointer names: what a rebuild killed before its commit or cleanup left."""
+    """Generations no pointer names ("" : the data dir's own library): what a rebuild killed before
+    its commit or its cleanup left."""
+    legacy = settings.at_generation("")
+    if "" not in keep and (legacy.index_dir.exists() or legacy.state_db.exists()):
+        # The first library (in the data dir itself), which a killed rebuild did not finish deleting.
+        _remove_generation(settings, "")
     root = settings.data_dir / "generations"
     if not root.is_dir():
         return
@@ -162,7 +167,7 @@ def rebuild_library(
         prior += pdf_failures
 
         name = _pending(settings)
-        _clean_leftovers(settings, {current, name or ""})
+        _clean_leftovers(settings, {current, name} if name else {current})
         builder: LibraryBuilder | None = None
         if name is not None:
             try:
@@ -175,7 +180,16 @@ def rebuild_library(
             name = _start_generation(settings)
             builder = LibraryBuilder(settings.at_generation(name))
         with builder:
+            # A resumed generation may hold papers the settings no longer ask for (fewer papers).
+            wanted = {p.id for p in papers}
+            extra = sorted(pid for pid in builder.state.build_keys() if pid not in wanted)
+            for pid in extra:
+                builder.store.delete_paper(pid)
+            builder.store.flush()
+            builder.state.forget_papers(extra)
             summary = builder.index_papers(papers, progress=progress, prior_failures=prior)
+            if extra and not summary.topics_updated:
+                builder.update_topics()
             builder.state.set_meta("last_build", summary.model_dump(exclude={"failures"}))
         # The commit: from this rename on, every process that opens the library opens the new one.
         os.replace(settings.data_dir / NEXT_POINTER, settings.data_dir / GENERATION_POINTER)
