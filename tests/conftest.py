@@ -1,15 +1,55 @@
-"""Test isolation: every test gets its own data directory and no user config file."""
+"""Test isolation: every test gets its own data directory and no user config file.
+
+``ARAG_REQUIRE_SHARED=1`` (set by ``.ci/run``) turns a missing ``../shared`` from skipped tests into
+a failed run. It is read here, not in the settings tree: it says what the test harness may skip and
+means nothing to arag itself, so it is not one of arag's settings.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from arag.corpus.qasper import load_qasper
 from arag.records import Paper
 from arag.settings import find_shared_dir
+
+REQUIRE_SHARED = os.environ.get("ARAG_REQUIRE_SHARED", "").strip() not in ("", "0")
+_REQUIRED = "ARAG_REQUIRE_SHARED is set: this run needs ../shared beside the repository"
+
+
+def missing_shared(reason: str) -> NoReturn:
+    """Skip a test whose shared data is missing, or fail it where the run requires that data."""
+    if REQUIRE_SHARED:
+        pytest.fail(f"{reason} ({_REQUIRED})", pytrace=False)
+    pytest.skip(reason)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if REQUIRE_SHARED and find_shared_dir() is None:
+        raise pytest.UsageError(
+            f"{_REQUIRED} (corpus, benchmarks, pdfs), and it is missing: no test would use it, and most "
+            "would be skipped. Put the shared folder beside the repository, or unset ARAG_REQUIRE_SHARED."
+        )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """With ARAG_REQUIRE_SHARED, a skip that names a file of ../shared (a test's own check for a
+    missing file) fails instead."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    shared = find_shared_dir()
+    if not (REQUIRE_SHARED and report.skipped and shared is not None):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if str(shared) in reason:
+        report.outcome = "failed"
+        report.longrepr = f"{reason} ({_REQUIRED})"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -49,7 +89,7 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
 def shared_dir() -> Path:
     shared = find_shared_dir()
     if shared is None:
-        pytest.skip("../shared (corpus, benchmarks, pdfs) is not beside the repository")
+        missing_shared("../shared (corpus, benchmarks, pdfs) is not beside the repository")
     return shared
 
 
@@ -57,7 +97,7 @@ def shared_dir() -> Path:
 def qasper_path(shared_dir: Path) -> Path:
     path = shared_dir / "corpus" / "qasper" / "papers.jsonl.gz"
     if not path.is_file():
-        pytest.skip(f"{path} is missing")
+        missing_shared(f"{path} is missing")
     return path
 
 
@@ -66,7 +106,7 @@ def qasper_papers(n: int) -> list[Paper]:
     shared = find_shared_dir()
     path = shared / "corpus" / "qasper" / "papers.jsonl.gz" if shared else None
     if path is None or not path.is_file():
-        pytest.skip("../shared/corpus/qasper/papers.jsonl.gz is needed for this test")
+        missing_shared("../shared/corpus/qasper/papers.jsonl.gz is needed for this test")
     papers, _ = load_qasper(path, max_papers=n)
     return papers
 

@@ -84,8 +84,12 @@ def test_extractive_end_to_end(extractive: Agent) -> None:
     _valid_citations(a)
     # Events: every node on the path, in order, timed; the callback saw the same ones.
     assert _nodes(a) == RESEARCH_PATH and seen == a.events
-    assert all(e.ms >= 0 and e.decision for e in a.events)
-    assert set(a.timings) == set(RESEARCH_PATH) and a.total_ms >= sum(e.ms for e in a.events) * 0.5
+    assert all(e.decision for e in a.events)
+    # Each step is timed inside the run: the steps' times add up to at most the run's, and the
+    # retriever (an embedding and three searches) takes measurable time.
+    assert {e.node: e.ms for e in a.events}["retriever"] > 0
+    assert sum(e.ms for e in a.events) * 0.5 <= a.total_ms and sum(e.ms for e in a.events) <= a.total_ms
+    assert set(a.timings) == set(RESEARCH_PATH)
     assert a.events[1].decision == "simple: 1 sub-query (rules); answer type free_form"
     assert a.events[3].decision.startswith("sufficient")
 

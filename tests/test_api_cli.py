@@ -198,7 +198,11 @@ def test_ask_json_is_the_whole_answer(settings: Settings) -> None:
     assert not a.abstained and a.sub_queries and a.events and a.timings and a.total_ms > 0
     assert {c.paper_id for c in a.chunks} == {COMPOSE}
     _citations_map_to_chunks(a)
-    assert json.loads(res.stdout)["citations"][0]["support"] >= 0
+    raw = json.loads(res.stdout)["citations"]
+    assert [c["support"] for c in raw] == [c.support for c in a.citations]  # nothing lost in the JSON
+    # The verifier kept these claims: each citation is supported, at or above the bar, at most 1.
+    bar = settings.agent.support_threshold
+    assert all(c.supported and bar <= c.support <= 1.0 for c in a.citations), (bar, a.citations)
 
 
 def test_ask_abstains_in_words_with_the_closest_papers(settings: Settings) -> None:

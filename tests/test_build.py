@@ -187,3 +187,42 @@ def test_a_chunk_in_parts_gets_the_mean_of_its_part_vectors(tmp_path: Path) -> N
     mean = parts.mean(axis=0)
     assert np.allclose(vecs[0], mean / np.linalg.norm(mean), atol=1e-6)
     assert np.allclose(vecs[1], parts[0], atol=1e-6)
+
+
+class _FailingWrites:
+    """The real store, but every upsert fails (a full disk, a crash at that write)."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def upsert(self, *args: object) -> None:
+        from arag.errors import StoreError
+
+        raise StoreError("no space left on device", where="test", fix="-")
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def test_a_failed_rewrite_leaves_the_papers_old_chunks(tmp_path: Path, qasper_path: Path) -> None:
+    from arag.corpus.qasper import load_qasper
+    from arag.errors import StoreError
+    from arag.index.factory import open_store
+    from arag.records import SearchFilter
+
+    s = _settings(tmp_path / "lib", 3)
+    build_library(s)
+    before = {r.id: r.n_chunks for r in list_papers(s)}
+    smaller = _settings(tmp_path / "lib", 3, chunking={"target_tokens": 120})
+    papers, _ = load_qasper(qasper_path, max_papers=3)
+    store = open_store(smaller, 384, create=False)
+    try:
+        failing = _FailingWrites(store)
+        with LibraryBuilder(smaller, store=failing) as builder, pytest.raises(StoreError, match="no space"):  # type: ignore[arg-type]
+            builder.index_papers(papers)
+        # The new chunks could not be written: each paper still has all of its old ones.
+        assert {p: store.count(SearchFilter(paper_ids=[p])) for p in before} == before
+    finally:
+        store.close()
+    assert build_library(smaller).papers_added == 3  # the next build rewrites them
+    assert library_status(smaller).chunks == sum(r.n_chunks for r in list_papers(smaller))

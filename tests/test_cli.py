@@ -76,3 +76,43 @@ def test_bench_build_writes_figures(
     assert r["papers"] == 3 and r["noop_papers_added"] == 0
     assert r["chunks"] == r["build"]["chunks_added"] > 0 and r["index_bytes"] > 0
     assert r["build_seconds"] > r["noop_build_seconds"] > 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["search", "caf\udce9 parsing", "--no-rerank"],
+        ["ask", "what is caf\udce9?", "--llm", "extractive"],
+        ["chat", "hello \udcff", "--session", "s1"],
+        ["search", "parsing", "--paper", "1601.\udce901705"],
+    ],
+)
+def test_text_that_is_not_utf8_exits_8(args: list[str]) -> None:
+    """Bytes of another encoding on the command line reach Python as lone surrogates."""
+    res = runner.invoke(app, args)
+    assert res.exit_code == 8, res.output
+    assert "not UTF-8 text" in res.output and "LANG=C.UTF-8" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_latin1_argv_in_a_real_process_exits_8(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    # Refused before anything opens: without the check the question reached the embedder's cache key.
+    env = dict(os.environ, ARAG_EMBEDDING__PROVIDER="hash", ARAG_RERANK__PROVIDER="none", LC_ALL="C.UTF-8")
+    res = subprocess.run(
+        [sys.executable, "-m", "arag", "search", b"caf\xe9 parsing"], env=env, capture_output=True, text=True
+    )
+    assert res.returncode == 8, res.stderr
+    assert "not UTF-8 text" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_the_embedder_refuses_text_it_cannot_encode() -> None:
+    from arag.errors import InputError
+    from arag.models.embedder import cache_key
+
+    assert len(cache_key("m", "café")) == 64
+    with pytest.raises(InputError, match="not valid Unicode"):
+        cache_key("m", "caf\udce9")

@@ -446,3 +446,38 @@ def test_cli_without_an_llm_skips_llm_configs_and_says_so(
     assert sum(summary["strata"].values()) == 4
     only_llm = runner.invoke(app, [*args, "--configs", "full"])
     assert only_llm.exit_code != 0 and "no chosen configuration" in only_llm.output
+
+
+@pytest.mark.parametrize("command", ["answers", "retrieval"])
+def test_cli_warns_about_questions_outside_the_library_and_rejects_bad_limits(
+    command: str, lib: Settings, questions_file: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _env(monkeypatch, lib)
+    with_evidence = [
+        q
+        for q in json.loads(questions_file.read_text())
+        if any(e and not e.startswith("FLOAT") for a in q["answers"] for e in a.get("evidence", []))
+    ]
+    mine = with_evidence[:3]  # retrieval scores only questions with text evidence
+    other = {**mine[0], "paper_id": "9999.99999", "question_id": "elsewhere-1"}
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text(json.dumps([*mine, other, {**other, "question_id": "elsewhere-2"}]))
+    extra = ["--methods", "dense", "--scope", "paper"] if command == "retrieval" else []
+    extra = extra or ["--configs", "extractive"]
+    res = runner.invoke(
+        app, ["eval", command, "--questions", str(mixed), *extra, "--json", str(tmp_path / "s.json")]
+    )
+    assert res.exit_code == 0, res.output
+    assert "warning: 2 of 5 questions are about papers not in the library" in res.output
+    summary = json.loads((tmp_path / "s.json").read_text())
+    first = summary if command == "answers" else summary[0]
+    assert first["not_in_library"] == 2
+    assert first["questions"] == 3  # the two about other papers are not scored
+
+    none = tmp_path / "none.json"
+    none.write_text(json.dumps([other]))
+    res = runner.invoke(app, ["eval", command, "--questions", str(none), *extra])
+    assert res.exit_code == 8 and "none of the 1 questions" in res.output
+    for bad in ("0", "-2"):
+        res = runner.invoke(app, ["eval", command, "--questions", str(mixed), "--limit", bad, *extra])
+        assert res.exit_code == 8 and "--limit must be at least 1" in res.output, res.output

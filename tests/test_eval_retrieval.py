@@ -137,3 +137,50 @@ def test_official_qasper_v03_format_is_read(tmp_path: Path) -> None:
     bad.write_text("{nope")
     with pytest.raises(InputError, match="not a JSON file"):
         load_questions(bad)
+
+
+def test_questions_files_are_read_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    row = {
+        "paper_id": "p",
+        "paper_title": "Résumé parsing",
+        "question_id": "a",
+        "question": "Which naïve baseline?",
+        "answers": [{"evidence": ["Our naïve baseline uses “quotes”."]}],
+    }
+    path = tmp_path / "q.json"
+    path.write_text(json.dumps([row], ensure_ascii=False), encoding="utf-8")
+    # An ASCII locale with Python's UTF-8 mode and locale coercion off: open()'s default is ASCII.
+    env = dict(os.environ, LC_ALL="POSIX", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
+    code = (
+        "import sys, pathlib; from arag.eval.retrieval import load_questions as q; "
+        "print(ascii(q(pathlib.Path(sys.argv[1]))[0].question))"
+    )
+    res = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == ascii("Which naïve baseline?")
+    latin = tmp_path / "latin1.json"
+    latin.write_bytes(json.dumps([row], ensure_ascii=False).encode("latin-1", "replace"))
+    with pytest.raises(InputError, match="not UTF-8"):
+        load_questions(latin)
+
+
+def test_questions_about_papers_outside_the_library_are_counted_and_left_out() -> None:
+    from arag.eval.retrieval import check_limit, questions_in_library
+
+    qs = [
+        EvalQuestion(question_id=str(i), paper_id=p, paper_title="T", question="q?", evidence=["e"])
+        for i, p in enumerate(["a", "b", "a", "c"])
+    ]
+    kept, absent = questions_in_library(qs, {"a", "x"}, where="q.json")
+    assert [q.question_id for q in kept] == ["0", "2"] and absent == 2
+    with pytest.raises(InputError, match="none of the 4 questions"):
+        questions_in_library(qs, {"x"}, where="q.json")
+    check_limit(None)
+    check_limit(1)
+    for bad in (0, -3):
+        with pytest.raises(InputError, match="at least 1"):
+            check_limit(bad)

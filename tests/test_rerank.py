@@ -174,7 +174,7 @@ def test_rerank_stage_orders_floors_and_keeps() -> None:
     assert {c.source for c in r.ranked} == {"reranked"}
     # d (rank 4, 0.5) misses the upper bar; c (rank 3, 3.0) clears it; a and b clear the lower bar.
     assert [c.chunk.id for c in r.kept] == ["c", "a", "b"]
-    assert r.model == "scripted" and r.rerank_ms >= 0.0
+    assert r.model == "scripted" and 0.0 < r.rerank_ms < 60_000  # the model call was timed
 
     # Without canonical papers nothing is floored, and b (-1.0) misses the lower bar.
     plain = RerankStage(model, RerankSettings(supported_rank=2)).run("what?", fused)

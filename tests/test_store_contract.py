@@ -468,3 +468,15 @@ def test_local_folder_is_locked_while_open(tmp_path: Path) -> None:
     ):
         QdrantServerStore.open(f"path:{tmp_path}", DIM)
     QdrantServerStore.open(f"path:{tmp_path}", DIM, create=False).close()
+
+
+def test_delete_stale_keeps_the_given_chunks_of_those_papers(rw: Store, lib: Library) -> None:
+    a, b = lib.papers[0], lib.papers[1]
+    keep = [c.id for c in lib.chunks if c.paper_id == a][:2]
+    rw.delete_stale([a, b], keep)
+    rw.delete_stale([], keep)  # no paper: nothing happens
+    gone = {c.id for c in lib.chunks if c.paper_id in (a, b)} - set(keep)
+    assert rw.count() == len(lib.chunks) - len(gone)
+    assert rw.count(SearchFilter(paper_ids=[a])) == 2 and rw.count(SearchFilter(paper_ids=[b])) == 0
+    assert rw.paper_ids() == set(lib.papers) - {b}
+    assert [c.id for c in rw.get_chunks(keep)] == keep

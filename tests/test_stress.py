@@ -66,11 +66,17 @@ def test_crash_resume_ends_with_the_reference_chunks(tmp_path: Path, qasper_path
     res = runner.invoke(
         stress_app,
         ["crash", "--papers", "20", "--kills", "2", "--batch", "4", "--workdir", str(tmp_path / "w")]
-        + ["--json", str(out)],
+        + ["--rebuild-kills", "2", "--json", str(out)],
     )
     report = CrashReport.model_validate_json(out.read_text())
     assert res.exit_code == 0, (res.output, report.problems)
     assert "PASS" in res.output and "after each kill" in res.output
+    # The rebuild case: an added PDF survives every kill and the final rebuild.
+    rb = report.rebuild
+    assert rb is not None and rb.passed and rb.kills_done == 2 and "after each killed rebuild" in res.output
+    assert rb.expected_papers == 21 and rb.pdf_id is not None and rb.pdf_id.startswith("pdf:")
+    assert all(k.papers == 21 and k.pdf_present and not k.problems for k in rb.kills)
+    assert rb.final_papers == 21 and rb.final_pdf_present and rb.generations_left == 1
     killed = [k for k in report.kills if k.killed_at_s is not None]
     assert report.passed and report.kills_done == len(killed) == 2
     assert all(k.exit_code == -9 and not k.problems for k in killed)
@@ -142,3 +148,23 @@ def test_a_build_that_outruns_its_kills_starts_over_then_fails(
     assert all(k.exit_code == 0 and k.papers_recorded == 4 and not k.problems for k in report.kills)
     assert report.problems == ["only 0 of 1 kills landed in 3 attempts"]
     assert report.chunk_ids_equal and (tmp_path / "crashed").is_dir()
+
+
+def test_the_rebuild_check_fails_on_a_missing_paper_or_pdf(tmp_path: Path, shared_dir: Path) -> None:
+    """What the rebuild case checks after each kill can fail: a lost paper, a lost PDF paper."""
+    from arag.library.manage import add_pdfs
+    from arag.stress.rebuild_kill import _check
+
+    s = get_settings(
+        data_dir=tmp_path / "lib", corpus={"max_papers": 3}, embedding={"provider": "hash"}, topics={"k": 2}
+    )
+    build_library(s)
+    add_pdfs(s, [next((shared_dir / "pdfs").glob("*.pdf"))])
+    ids = {r.id for r in list_papers(s)}
+    (pdf_id,) = [i for i in ids if i.startswith("pdf:")]
+    problems, papers, chunks, present = _check(s, ids, pdf_id)
+    assert problems == [] and papers == 4 and chunks > 4 and present
+    problems, *_ = _check(s, ids | {"1234.56789"}, pdf_id)
+    assert problems == ["papers: 1 missing (e.g. ['1234.56789']), 0 unexpected"]
+    problems, *_, present = _check(s, ids, "pdf:gone-00000000")
+    assert not present and problems == ["the added PDF paper pdf:gone-00000000 is not in the library"]

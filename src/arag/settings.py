@@ -8,11 +8,12 @@ Built by :func:`get_settings`, never at import time.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -25,6 +26,12 @@ from arag.errors import ConfigError
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 # The shared data lives beside the repository (../shared); found from the package or the working dir.
 _SHARED_CANDIDATES = (_REPO_ROOT.parent / "shared", Path.cwd().parent / "shared", Path.cwd() / "shared")
+
+
+# A rebuild writes the next library generation beside the current one and switches by replacing
+# this one file; without it the library lies in the data directory itself.
+GENERATION_POINTER = "generation"
+GENERATION_NAME = re.compile(r"^gen-\d{14}-[0-9a-f]{6}$")
 
 
 def find_shared_dir() -> Path | None:
@@ -302,6 +309,8 @@ class Settings(BaseSettings):
     service: ServiceSettings = Field(default_factory=ServiceSettings)
     # API keys of the service, comma-separated (ARAG_API_KEYS). Unset: no key needed (local use).
     api_keys: SecretStr | None = None
+    # A generation pinned by at_generation (the one a rebuild writes); None: the pointer decides.
+    _generation: str | None = PrivateAttr(default=None)
 
     @field_validator("data_dir")
     @classmethod
@@ -333,13 +342,55 @@ class Settings(BaseSettings):
     def uploads_dir(self) -> Path:
         return self.data_dir / "uploads"
 
+    def generation(self) -> str:
+        """The library generation in force: the name in ``<data dir>/generation``, or "" for a
+        library in the data directory itself (never rebuilt)."""
+        if self._generation is not None:
+            return self._generation
+        pointer = self.data_dir / GENERATION_POINTER
+        try:
+            name = pointer.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return ""
+        except OSError as exc:
+            raise ConfigError(
+                f"the library's generation pointer is unreadable: {exc}",
+                where=str(pointer),
+                fix="make it readable; it names a folder of <data dir>/generations",
+            ) from exc
+        if not GENERATION_NAME.match(name):
+            raise ConfigError(
+                f"the library's generation pointer names {name[:40]!r}, not a generation",
+                where=str(pointer),
+                fix="write the name of the newest folder of <data dir>/generations into it",
+            )
+        return name
+
+    def at_generation(self, name: str) -> Settings:
+        """These settings with the library in generation ``name`` (what a rebuild writes)."""
+        copy = self.model_copy()
+        copy._generation = name
+        return copy
+
+    @property
+    def library_dir(self) -> Path:
+        """The folder of the current library generation (its index and build state)."""
+        gen = self.generation()
+        return self.data_dir / "generations" / gen if gen else self.data_dir
+
     @property
     def index_dir(self) -> Path:
-        return self.data_dir / "index"
+        return self.library_dir / "index"
 
     @property
     def state_db(self) -> Path:
-        return self.data_dir / "library.sqlite3"
+        return self.library_dir / "library.sqlite3"
+
+    @property
+    def collection(self) -> str:
+        """The Qdrant collection of the current generation (the qdrant backend)."""
+        gen = self.generation()
+        return f"{self.store.collection}-{gen}" if gen else self.store.collection
 
     @property
     def cache_dir(self) -> Path:

@@ -22,7 +22,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from arag.errors import AragError
+from arag.errors import AragError, InputError
 from arag.library.build import Progress as BuildProgress
 from arag.settings import Settings, get_settings
 
@@ -45,12 +45,33 @@ def load_settings(**overrides: Any) -> Settings:
     return settings
 
 
+def check_text_args(values: dict[str, Any]) -> None:
+    """An InputError for a text argument that is not valid Unicode: Python hands bytes of another
+    encoding on the command line over as lone surrogates, which nothing downstream can encode."""
+    for name, value in values.items():
+        for v in value if isinstance(value, list | tuple) else (value,):
+            if not isinstance(v, str):
+                continue  # paths may hold any bytes the file system allows
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InputError(
+                    f"the {name.replace('_', '-')} given is not UTF-8 text "
+                    "(the terminal sent bytes of another encoding)",
+                    where=f"the {name.replace('_', '-')} argument",
+                    fix="type it in a UTF-8 terminal (a UTF-8 locale, e.g. LANG=C.UTF-8), or re-type the "
+                    "non-ASCII characters",
+                ) from None
+
+
 def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn an AragError into its message on stderr and its exit code; Ctrl-C into exit 130."""
+    """Turn an AragError into its message on stderr and its exit code; Ctrl-C into exit 130.
+    Text arguments that are not valid Unicode are refused first (exit 8)."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
+            check_text_args(dict(kwargs))
             return fn(*args, **kwargs)
         except AragError as exc:
             err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)

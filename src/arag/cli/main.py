@@ -87,7 +87,16 @@ def _print_summary(summary: BuildSummary, title: str) -> None:
 @handle_errors
 def library_build(
     rebuild: Annotated[
-        bool, typer.Option("--rebuild", help="Delete the index and build from scratch.")
+        bool,
+        typer.Option(
+            "--rebuild",
+            help="Build from scratch beside the current library (QASPER and every added paper, from "
+            "their kept files), then switch to it; refused while another process has the library open.",
+        ),
+    ] = False,
+    drop_missing: Annotated[
+        bool,
+        typer.Option("--drop-missing", help="With --rebuild: leave out added papers whose file is gone."),
     ] = False,
     max_papers: Annotated[int | None, typer.Option(help="Only the first N papers (quick libraries).")] = None,
     json_out: Annotated[
@@ -101,7 +110,7 @@ def library_build(
     settings = load_settings(**overrides)
     console.print(f"[dim]{ATTRIBUTION}[/]")
     with build_progress("indexing papers") as progress:
-        summary = build_library(settings, progress=progress, rebuild=rebuild)
+        summary = build_library(settings, progress=progress, rebuild=rebuild, drop_missing=drop_missing)
     _print_summary(summary, f"library build ({settings.data_dir})")
     if json_out:
         json_out.write_text(summary.model_dump_json(indent=2))

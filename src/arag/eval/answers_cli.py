@@ -163,20 +163,28 @@ def eval_answers(
         summarize,
     )
     from arag.eval.naive import NaiveRAG
-    from arag.eval.retrieval import default_questions_path, library_query
-    from arag.library.manage import load_resolver, open_for_search
+    from arag.eval.retrieval import check_limit, default_questions_path, library_query, questions_in_library
+    from arag.library.manage import list_papers, load_resolver, open_for_search
     from arag.models.reranker import get_reranker
     from arag.retrieval.hybrid import HybridRetriever
     from arag.retrieval.pipeline import make_retriever
 
     if scope not in ("library", "paper"):
         raise InputError(f"unknown scope {scope!r}", where="--scope", fix="use library or paper")
-    if limit is not None and limit < 1:
-        raise InputError(f"--limit must be at least 1, got {limit}", where="--limit", fix="pass N >= 1")
+    check_limit(limit)
     chosen = parse_configs(configs)
     settings = with_llm(load_settings(), llm)
     qpath = questions or default_questions_path()
-    everything, no_annotations = load_answer_questions(qpath)
+    annotated, no_annotations = load_answer_questions(qpath)
+    library = {r.id for r in list_papers(settings)}
+    everything, absent = questions_in_library(annotated, library, where=str(qpath))
+    if absent:
+        console.print(
+            f"[yellow]warning:[/] {absent} of {len(annotated)} questions are about papers not in the "
+            "library; they are left out (they could only score 0)",
+            highlight=False,
+            soft_wrap=True,
+        )
     qs = stratified_sample(everything, limit, seed=seed) if limit is not None else everything
     if not qs:
         raise InputError("the questions file has no annotated question", where=str(qpath), fix="pass another")
@@ -207,7 +215,7 @@ def eval_answers(
     reports: list[ConfigReport] = []
     if traces:
         traces.parent.mkdir(parents=True, exist_ok=True)
-    out = traces.open("w") if traces else None
+    out = traces.open("w", encoding="utf-8") if traces else None
     try:
         hybrid = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
         reranker = get_reranker(settings)  # loaded once, shared by every configuration
@@ -287,8 +295,9 @@ def eval_answers(
         summary = {
             "questions_file": str(qpath),
             "questions": len(qs),
-            "questions_in_file": len(everything),
+            "questions_in_file": len(annotated),
             "without_annotations": no_annotations,
+            "not_in_library": absent,
             "sampled": len(qs) < len(everything),
             "seed": seed,
             "strata": per_kind,

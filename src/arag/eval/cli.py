@@ -56,17 +56,20 @@ def eval_retrieval(
     named, + multi-query or + HyDE (hybrid+resolve with that query strategy, then rerank; need an LLM)."""
     from arag.eval.retrieval import (
         Scope,
+        check_limit,
         count_skipped,
         default_questions_path,
         evaluate_retrieval,
         load_questions,
+        questions_in_library,
     )
     from arag.index.sparse import BM25Encoder
-    from arag.library.manage import load_resolver, open_for_search
+    from arag.library.manage import list_papers, load_resolver, open_for_search
     from arag.retrieval.hybrid import HybridRetriever
 
     if scope not in ("library", "paper", "both"):
         raise InputError(f"unknown scope {scope!r}", where="--scope", fix="use library, paper or both")
+    check_limit(limit)
     scopes: list[Scope] = ["library", "paper"] if scope == "both" else [scope]  # type: ignore[list-item]
     chosen = [m.strip() for m in methods.split(",") if m.strip()]
     unknown = [m for m in chosen if m not in METHODS and m not in STRATEGY_METHODS]
@@ -89,7 +92,16 @@ def eval_retrieval(
             fix="set ARAG_LLM__PROVIDER to llama-cpp or openai, or leave those methods out",
         )
     qpath = questions or default_questions_path()
-    qs = load_questions(qpath, limit=limit)
+    library = {r.id for r in list_papers(settings)}
+    qs, absent = questions_in_library(load_questions(qpath), library, where=str(qpath))
+    if absent:
+        console.print(
+            f"[yellow]warning:[/] {absent} of {absent + len(qs)} questions are about papers not in the "
+            "library; they are left out (they could only score 0)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    qs = qs[:limit] if limit is not None else qs
     skipped = count_skipped(qpath) if limit is None else 0
     store, embedder = open_for_search(settings)
     retriever = HybridRetriever(store, embedder, settings.retrieval)
@@ -161,7 +173,13 @@ def eval_retrieval(
         import json
 
         json_out.write_text(
-            json.dumps([{"method": m, **r.model_dump(exclude={"results"})} for m, r in reports], indent=2)
+            json.dumps(
+                [
+                    {"method": m, "not_in_library": absent, **r.model_dump(exclude={"results"})}
+                    for m, r in reports
+                ],
+                indent=2,
+            )
         )
     if plot:
         from arag.eval.plot import plot_ablation

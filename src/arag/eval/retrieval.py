@@ -20,10 +20,10 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from statistics import median
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel
@@ -71,10 +71,14 @@ def read_question_items(path: Path) -> list[dict]:
             fix="pass --questions PATH (../shared/benchmarks/qasper/questions_validation.json)",
         )
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise InputError(
             f"not a JSON file: {exc}", where=str(path), fix="pass a QASPER questions file"
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"not UTF-8 text: {exc}", where=str(path), fix="save the questions file as UTF-8 JSON"
         ) from exc
     if isinstance(data, list):
         return data
@@ -124,6 +128,32 @@ def load_questions(path: Path, *, limit: int | None = None) -> list[EvalQuestion
         if limit is not None and len(out) >= limit:
             break
     return out
+
+
+Q = TypeVar("Q", bound="EvalQuestion")
+
+
+def questions_in_library(
+    questions: Sequence[Q], paper_ids: Collection[str], *, where: str
+) -> tuple[list[Q], int]:
+    """The questions whose paper the library holds, and how many were left out (a question about
+    a paper the library lacks can only score 0); an InputError when the library holds none."""
+    kept = [q for q in questions if q.paper_id in paper_ids]
+    if questions and not kept:
+        raise InputError(
+            f"none of the {len(questions)} questions is about a paper in the library "
+            f"({len(paper_ids)} papers)",
+            where=where,
+            fix="build the library with their papers (arag library build), or pass --questions about "
+            "the library's papers",
+        )
+    return kept, len(questions) - len(kept)
+
+
+def check_limit(limit: int | None) -> None:
+    """An InputError for a ``--limit`` below 1."""
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit must be at least 1, got {limit}", where="--limit", fix="pass N >= 1")
 
 
 def count_skipped(path: Path) -> int:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from arag.errors import ConfigError
+from arag.index.lock import acquire
 from arag.index.store import Store
 from arag.settings import Settings
+
+if TYPE_CHECKING:
+    from arag.index.qdrant_edge import EdgeStore
+    from arag.index.qdrant_server import QdrantServerStore
 
 
 def store_backend(settings: Settings) -> Literal["edge", "qdrant"]:
@@ -18,7 +23,19 @@ def store_backend(settings: Settings) -> Literal["edge", "qdrant"]:
 
 
 def open_store(settings: Settings, dim: int, *, create: bool = True) -> Store:
-    """The store for these settings (Qdrant Edge in the data directory by default)."""
+    """The store for these settings (Qdrant Edge in the data directory by default), holding the
+    library lock (shared) until it is closed, so that no rebuild swaps the library under it."""
+    lock = acquire(settings.data_dir)
+    try:
+        store = _open_store(settings, dim, create=create)
+    except BaseException:
+        lock.release()
+        raise
+    store.release_on_close(lock.release)
+    return store
+
+
+def _open_store(settings: Settings, dim: int, *, create: bool) -> EdgeStore | QdrantServerStore:
     backend = store_backend(settings)
     if backend == "edge":
         from arag.index.qdrant_edge import EdgeStore
@@ -38,7 +55,7 @@ def open_store(settings: Settings, dim: int, *, create: bool = True) -> Store:
         return QdrantServerStore.open(
             settings.qdrant_url,
             dim,
-            collection=settings.store.collection,
+            collection=settings.collection,
             api_key=key,
             create=create,
             shards=settings.store.shards,

@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -132,6 +132,7 @@ class EdgeStore:
         self._shard: qe.EdgeShard | None = shard
         self.path = path
         self.dim = dim
+        self._on_close: list[Callable[[], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -232,9 +233,17 @@ class EdgeStore:
         if self._shard is None:
             return
         shard, self._shard = self._shard, None
-        with self._engine("close"):
-            shard.flush()
-            shard.close()
+        try:
+            with self._engine("close"):
+                shard.flush()
+                shard.close()
+        finally:
+            for release in self._on_close:
+                release()
+
+    def release_on_close(self, release: Callable[[], None]) -> None:
+        """Call ``release`` when the store closes (the library lock that open_store took)."""
+        self._on_close.append(release)
 
     def __enter__(self) -> EdgeStore:
         return self
@@ -276,6 +285,17 @@ class EdgeStore:
         """Remove every chunk of ``paper_id`` (nothing happens for an unknown id)."""
         with self._engine(f"delete paper {paper_id}"):
             self._live().update(qe.UpdateOperation.delete_points_by_filter(_paper_filter([paper_id])))
+
+    def delete_stale(self, paper_ids: Sequence[str], keep: Sequence[str]) -> None:
+        """Remove the chunks of ``paper_ids`` whose ids are not in ``keep``, as one engine update."""
+        if not paper_ids:
+            return
+        flt = qe.Filter(
+            must=[qe.FieldCondition("paper_id", match=qe.MatchAny(list(paper_ids)))],
+            must_not=[qe.HasIdCondition({point_id(c) for c in keep})] if keep else None,
+        )
+        with self._engine(f"delete stale chunks of {len(paper_ids)} papers"):
+            self._live().update(qe.UpdateOperation.delete_points_by_filter(flt))
 
     def set_topics(self, topics: Mapping[str, tuple[int, str]]) -> None:
         """Write topic id and label into every chunk of each paper (one update per topic)."""

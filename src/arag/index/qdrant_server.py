@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,7 @@ class QdrantServerStore:
         self.location = location
         self.local = location == ":memory:" or location.startswith("path:")
         self.where = f"{location} (collection {collection!r})"
+        self._on_close: list[Callable[[], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -246,8 +247,16 @@ class QdrantServerStore:
         if self._client is None:
             return
         client, self._client = self._client, None
-        with self._engine("close"):
-            client.close()
+        try:
+            with self._engine("close"):
+                client.close()
+        finally:
+            for release in self._on_close:
+                release()
+
+    def release_on_close(self, release: Callable[[], None]) -> None:
+        """Call ``release`` when the store closes (the library lock that open_store took)."""
+        self._on_close.append(release)
 
     def drop(self) -> None:
         """Delete the whole collection (tests, and replacing a migration target)."""
@@ -299,6 +308,17 @@ class QdrantServerStore:
         """Remove every chunk of ``paper_id`` (nothing happens for an unknown id)."""
         with self._engine(f"delete paper {paper_id}"):
             self._live().delete(self.collection, points_selector=_paper_filter([paper_id]), wait=True)
+
+    def delete_stale(self, paper_ids: Sequence[str], keep: Sequence[str]) -> None:
+        """Remove the chunks of ``paper_ids`` whose ids are not in ``keep``, as one request."""
+        if not paper_ids:
+            return
+        flt = qm.Filter(
+            must=[qm.FieldCondition(key="paper_id", match=qm.MatchAny(any=list(paper_ids)))],
+            must_not=[qm.HasIdCondition(has_id=[point_id(c) for c in keep])] if keep else None,
+        )
+        with self._engine(f"delete stale chunks of {len(paper_ids)} papers"):
+            self._live().delete(self.collection, points_selector=qm.FilterSelector(filter=flt), wait=True)
 
     def set_topics(self, topics: Mapping[str, tuple[int, str]]) -> None:
         """Write topic id and label into every chunk of each paper (one request per topic)."""

@@ -40,6 +40,12 @@ class Store(Protocol):
         """Remove every chunk of one paper."""
         ...
 
+    def delete_stale(self, paper_ids: Sequence[str], keep: Sequence[str]) -> None:
+        """Remove the chunks of these papers whose chunk ids are not in ``keep`` (one update).
+
+        Called after the papers' new chunks were written, so a paper is never without its chunks."""
+        ...
+
     def dense_search(
         self, vector: np.ndarray, limit: int, flt: SearchFilter | None = None
     ) -> list[ScoredChunk]:

@@ -26,6 +26,7 @@ from arag.index.factory import open_store
 from arag.index.sparse import BM25Encoder, tokenize
 from arag.index.store import Store
 from arag.ingest.chunker import chunk_paper
+from arag.library.sources import keep_sources
 from arag.library.state import Failure, LibraryState, PaperRow
 from arag.library.topics import assign_nearest, kmeans, label_clusters
 from arag.models.embedder import BaseEmbedder, get_embedder
@@ -169,10 +170,12 @@ class LibraryBuilder:
                 vectors = self._chunk_vectors(flat)
                 summary.embed_seconds += time.perf_counter() - t_embed
                 sparse = [encoder.encode_document(c.text) for c in flat]
-                for p in batch.papers:
-                    self.store.delete_paper(p.id)  # leftovers of a crashed or older build of this paper
+                # New chunks first, then the papers' other chunks (an older build's, or a crashed
+                # one's): a failure in between leaves each paper searchable, never empty.
                 self.store.upsert(flat, vectors, sparse)
+                self.store.delete_stale([p.id for p in batch.papers], [c.id for c in flat])
             self.store.flush()
+            keep_sources(self.settings, batch.papers)  # before the record: a rebuild re-adds from them
             self.state.record_papers(
                 [self._row(p, cs) for p, cs in zip(batch.papers, batch.chunks, strict=True)]
             )

@@ -2,66 +2,34 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from arag.corpus.qasper import load_qasper
-from arag.errors import InputError, StoreError
+from arag.errors import InputError
 from arag.index.store import Store
 from arag.library.build import BuildSummary, LibraryBuilder, Progress
+from arag.library.rebuild import rebuild_library
 from arag.library.state import Failure, LibraryState, PaperRow
 from arag.models.embedder import BaseEmbedder
 from arag.retrieval.resolve import PaperResolver
 from arag.settings import Settings
 
 
-def reset_library(settings: Settings) -> None:
-    """Delete the index and the build state (the embedding cache is kept: vectors stay valid)."""
-    from arag.index.factory import store_backend
-
-    if store_backend(settings) == "qdrant":
-        _drop_collection(settings)
-    if settings.index_dir.exists():
-        shutil.rmtree(settings.index_dir)
-    for suffix in ("", "-wal", "-shm"):
-        p = Path(str(settings.state_db) + suffix)
-        if p.exists():
-            p.unlink()
-
-
-def _drop_collection(settings: Settings) -> None:
-    """Empty the server's collection (the state is deleted beside it: both start over)."""
-    from arag.index.qdrant_server import QdrantServerStore
-
-    state = LibraryState(settings.state_db)
-    try:
-        dim = state.get_meta("embedding_dim")
-    finally:
-        state.close()
-    if dim is None or not settings.qdrant_url:
-        return
-    key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key is not None else None
-    try:
-        store = QdrantServerStore.open(
-            settings.qdrant_url, int(dim), collection=settings.store.collection, api_key=key, create=False
-        )
-    except StoreError:
-        return  # no collection: nothing to drop
-    try:
-        store.drop()
-    finally:
-        store.close()
-
-
 def build_library(
-    settings: Settings, *, progress: Progress | None = None, rebuild: bool = False
+    settings: Settings,
+    *,
+    progress: Progress | None = None,
+    rebuild: bool = False,
+    drop_missing: bool = False,
 ) -> BuildSummary:
-    """Build (or bring up to date) the default QASPER library."""
+    """Build (or bring up to date) the default QASPER library. ``rebuild``: build it again from
+    scratch beside the current one, with every added paper, then switch (see library.rebuild);
+    ``drop_missing``: leave out added papers whose source file is gone instead of refusing."""
     if rebuild:
-        reset_library(settings)
+        return rebuild_library(settings, progress=progress, drop_missing=drop_missing)
     papers, corpus_failures = load_qasper(
         settings.corpus.qasper_path,
         max_papers=settings.corpus.max_papers,
@@ -136,9 +104,8 @@ def library_status(settings: Settings) -> LibraryStatus:
                 index_bytes = store.size_bytes()
             finally:
                 store.close()
-        state_bytes = sum(
-            p.stat().st_size for p in settings.data_dir.glob(settings.state_db.name + "*") if p.is_file()
-        )
+        db = settings.state_db
+        state_bytes = sum(p.stat().st_size for p in db.parent.glob(db.name + "*") if p.is_file())
         return LibraryStatus(
             data_dir=str(settings.data_dir),
             papers=len(rows),

@@ -175,11 +175,7 @@ def migrate_library(
     unless ``replace``, which deletes it first.
     """
     coll = collection or settings.store.collection
-    if (
-        store_backend(settings) == "qdrant"
-        and settings.qdrant_url == to
-        and settings.store.collection == coll
-    ):
+    if store_backend(settings) == "qdrant" and settings.qdrant_url == to and settings.collection == coll:
         raise InputError(
             f"the target is the library's own store ({to}, collection {coll!r})",
             where="arag library migrate --to",

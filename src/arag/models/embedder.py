@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from arag.errors import ConfigError, ModelError, StoreError
+from arag.errors import ConfigError, InputError, ModelError, StoreError
 from arag.settings import EmbeddingSettings
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,15 @@ def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def cache_key(model_id: str, text: str) -> str:
     """The cache key of ``text`` under ``model_id``: sha256 hex of ``model_id + NUL + text``."""
-    return hashlib.sha256(f"{model_id}\0{text}".encode()).hexdigest()
+    try:
+        data = f"{model_id}\0{text}".encode()
+    except UnicodeEncodeError as exc:  # lone surrogates: bytes of another encoding, escaped
+        raise InputError(
+            "the text is not valid Unicode (it holds bytes of another encoding, or lone surrogates)",
+            where="the text to embed",
+            fix="send UTF-8 text (on a terminal: a UTF-8 locale, e.g. LANG=C.UTF-8)",
+        ) from exc
+    return hashlib.sha256(data).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ written whole before it is recorded (the library build's rule), so nothing is ev
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -17,6 +18,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from pydantic import BaseModel
 
 from arag.api import Library
 from arag.corpus.arxiv_ids import bare_arxiv_id, is_arxiv_id
@@ -29,6 +32,7 @@ from arag.settings import Settings
 log = logging.getLogger(__name__)
 PDF_MAGIC = b"%PDF-"
 _JOB_ID = re.compile(r"^[0-9a-f]{12}$")
+JOB_FILE = "job.json"
 
 
 def parse_arxiv_ids(raw: str) -> list[str]:
@@ -69,21 +73,91 @@ def check_upload(name: str, data: bytes, max_bytes: int) -> None:
         )
 
 
+class _Interrupted(Exception):
+    """The service is shutting down: the job stops between two batches and resumes at start-up."""
+
+
+class StoredJob(BaseModel):
+    """A job as kept in ``<data dir>/uploads/<job>/job.json``: enough to resume it after a restart."""
+
+    job: IngestJob
+    files: list[str] = []  # the stored uploads, by name in the job's folder
+    names: dict[str, str] = {}  # stored name -> the name as sent
+
+
 class Jobs:
-    """The ingest jobs of one service: submitted, run one at a time, remembered for a while."""
+    """The ingest jobs of one service: submitted, run one at a time, kept on disk until finished.
+
+    Queued and running jobs are never forgotten: each is written to its folder at every change, a
+    restart resumes the unfinished ones (papers already recorded are skipped), and one that cannot
+    resume is reported as failed with the reason. Only finished jobs beyond ``jobs_kept`` are dropped.
+    """
 
     def __init__(self, settings: Settings, library: Library) -> None:
         self.settings = settings
         self.library = library
-        self._jobs: OrderedDict[str, IngestJob] = OrderedDict()
-        self._names: dict[str, dict[str, str]] = {}  # job -> stored path -> the name as sent
+        self._jobs: OrderedDict[str, StoredJob] = OrderedDict()
         self._lock = threading.Lock()
+        self._stop = threading.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arag-ingest")
+        self._resume()
+
+    # -- persistence ------------------------------------------------------------------------------
+
+    def _folder(self, job_id: str) -> Path:
+        return self.settings.uploads_dir / job_id
+
+    def _save(self, stored: StoredJob) -> None:
+        """Write the job's record (atomically: a kill leaves the old record or the new one)."""
+        path = self._folder(stored.job.id) / JOB_FILE
+        tmp = path.with_name(JOB_FILE + ".tmp")
+        try:
+            tmp.write_text(stored.model_dump_json(), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("could not record ingest job %s: %s", stored.job.id, exc)
+
+    def _resume(self) -> None:
+        """Load the recorded jobs; queue again those a shutdown or a crash interrupted."""
+        if not self.settings.uploads_dir.is_dir():
+            return
+        loaded: list[StoredJob] = []
+        for path in self.settings.uploads_dir.glob(f"*/{JOB_FILE}"):
+            try:
+                stored = StoredJob.model_validate_json(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                log.warning("ignoring the unreadable ingest job record %s: %s", path, exc)
+                continue
+            if stored.job.id == path.parent.name and _JOB_ID.match(stored.job.id):
+                loaded.append(stored)
+        for stored in sorted(loaded, key=lambda st: st.job.created):
+            self._jobs[stored.job.id] = stored
+            if stored.job.state in ("queued", "running"):
+                gone = [f for f in stored.files if not (self._folder(stored.job.id) / f).is_file()]
+                if gone:
+                    self._finish_failed(
+                        stored.job.id, f"its uploaded files are gone since the restart: {', '.join(gone)}"
+                    )
+                    continue
+                log.info("resuming ingest job %s", stored.job.id)
+                self._update(stored.job.id, state="queued", done=0)
+                self._executor.submit(self._run, stored.job.id)
+        with self._lock:
+            self._evict()
+
+    def _evict(self) -> None:
+        """Forget the oldest finished jobs beyond ``jobs_kept`` (call with the lock held)."""
+        finished = [j for j, st in self._jobs.items() if st.job.state in ("done", "failed")]
+        for job_id in finished[: max(0, len(finished) - self.settings.service.jobs_kept)]:
+            del self._jobs[job_id]
+            (self._folder(job_id) / JOB_FILE).unlink(missing_ok=True)
+
+    # -- the API ----------------------------------------------------------------------------------
 
     def submit(self, uploads: Sequence[tuple[str, bytes]], arxiv_ids: Sequence[str]) -> IngestJob:
         """Write the uploads to the job's folder and queue the job; returns it (state ``queued``)."""
         job_id = uuid.uuid4().hex[:12]
-        folder = self.settings.uploads_dir / job_id
+        folder = self._folder(job_id)
         folder.mkdir(parents=True, exist_ok=True)
         paths: list[Path] = []
         for name, data in uploads:
@@ -104,50 +178,68 @@ class Jobs:
             total=len(uploads) + len(arxiv_ids),
             created=time.time(),
         )
+        stored = StoredJob(
+            job=job,
+            files=[p.name for p in paths],
+            names={p.name: n for p, (n, _) in zip(paths, uploads, strict=True)},
+        )
         with self._lock:
-            self._jobs[job_id] = job
-            while len(self._jobs) > self.settings.service.jobs_kept:
-                self._jobs.popitem(last=False)
-        self._names[job_id] = {str(p): n for p, (n, _) in zip(paths, uploads, strict=True)}
-        self._executor.submit(self._run, job_id, folder, paths)
+            self._jobs[job_id] = stored
+            self._save(stored)
+            self._evict()
+        self._executor.submit(self._run, job_id)
         return job
 
     def get(self, job_id: str) -> IngestJob:
         with self._lock:
-            job = self._jobs.get(job_id) if _JOB_ID.match(job_id) else None
-        if job is None:
+            stored = self._jobs.get(job_id) if _JOB_ID.match(job_id) else None
+        if stored is None:
             raise NotFoundError(
                 f"no ingest job {job_id!r}", where="job id", fix="use the id POST /ingest returned"
             )
-        return job
+        return stored.job
 
     def all(self) -> list[IngestJob]:
         with self._lock:
-            return list(reversed(self._jobs.values()))
+            return [st.job for st in reversed(self._jobs.values())]
 
-    def _update(self, job_id: str, **changes: object) -> None:
+    def _update(self, job_id: str, **changes: object) -> StoredJob:
         with self._lock:
-            job = self._jobs.get(job_id)
-            if job is not None:
-                self._jobs[job_id] = job.model_copy(update=changes)
+            stored = self._jobs[job_id]
+            stored = stored.model_copy(update={"job": stored.job.model_copy(update=changes)})
+            self._jobs[job_id] = stored
+            self._save(stored)
+            if stored.job.state in ("done", "failed"):
+                self._evict()
+            return stored
 
-    def _run(self, job_id: str, folder: Path, paths: list[Path]) -> None:
-        self._update(job_id, state="running")
-        job = self.get(job_id)
+    def _finish_failed(self, job_id: str, reason: str, failures: Sequence[Failure] = ()) -> None:
+        self._update(job_id, state="failed", error=reason, failures=list(failures), finished=time.time())
+
+    # -- running ----------------------------------------------------------------------------------
+
+    def _run(self, job_id: str) -> None:
         failures: list[Failure] = []
         try:
-            paths = paths + self._download(job, folder, failures)
+            if self._stop.is_set():
+                return  # shutting down: it stays queued on disk and resumes at start-up
+            stored = self._update(job_id, state="running")
+            job, folder = stored.job, self._folder(job_id)
+            paths = [folder / f for f in stored.files]
+            paths += self._download(job, folder, failures)
             done = [len(failures)]
 
             def advance(n: int) -> None:
                 done[0] += n
                 self._update(job_id, done=done[0])
+                if self._stop.is_set():
+                    raise _Interrupted  # between two batches: what is recorded stays recorded
 
             summary = self.library.add_pdfs(paths, progress=Progress(advance=advance))
-            names = self._names.pop(job_id, {})
             # Failures name the file as the user sent it, not where the server stored it.
             failures += [
-                f.model_copy(update={"key": names.get(f.key, Path(f.key).name)}) for f in summary.failures
+                f.model_copy(update={"key": stored.names.get(Path(f.key).name, Path(f.key).name)})
+                for f in summary.failures
             ]
             self._update(
                 job_id,
@@ -157,13 +249,20 @@ class Jobs:
                 failures=failures,
                 finished=time.time(),
             )
+        except _Interrupted:
+            log.info("ingest job %s interrupted by the shutdown; it resumes at the next start", job_id)
+            self._update(job_id, state="queued", done=0)
         except Exception as exc:  # the job fails, the service does not
             what = exc.what if isinstance(exc, AragError) else f"{type(exc).__name__}: {exc}"
             log.exception("ingest job %s failed", job_id)
-            self._update(job_id, state="failed", error=what, failures=failures, finished=time.time())
+            try:
+                self._finish_failed(job_id, what, failures)
+            except Exception:
+                log.exception("ingest job %s could not be marked failed", job_id)
 
     def _download(self, job: IngestJob, folder: Path, failures: list[Failure]) -> list[Path]:
-        """The job's arXiv PDFs, fetched into its folder; an id that fails is a failure, not the end."""
+        """The job's arXiv PDFs, fetched into its folder; an id that fails is a failure, not the end.
+        A PDF already fetched (before a restart) is not fetched again."""
         if not job.arxiv_ids:
             return []
         from arag.corpus.arxiv import ArxivClient
@@ -171,7 +270,12 @@ class Jobs:
         out: list[Path] = []
         with ArxivClient(self.settings.arxiv, self.settings.cache_dir) as client:
             for aid in job.arxiv_ids:
+                if self._stop.is_set():
+                    raise _Interrupted
                 path = folder / f"arxiv-{aid.replace('/', '_')}.pdf"
+                if path.is_file():
+                    out.append(path)
+                    continue
                 try:
                     client.download_pdf(aid, path)
                     out.append(path)
@@ -180,4 +284,7 @@ class Jobs:
         return out
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Stop taking jobs and wait for the running one to reach the end of its current batch:
+        the queued and the interrupted ones stay recorded as queued and resume at the next start."""
+        self._stop.set()
+        self._executor.shutdown(wait=True, cancel_futures=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +14,9 @@ from rich.table import Table
 
 from arag.cli.common import console, err_console, handle_errors
 from arag.stress.bad_pdfs import BadPdfReport, run_bad_pdf_test
+from arag.stress.common import make_workdir
 from arag.stress.crash import CrashReport, run_crash_test
+from arag.stress.rebuild_kill import RebuildCrashReport, run_rebuild_kill_test
 
 stress_app = typer.Typer(
     help="Reliability tests: kill builds and resume them, ingest broken PDFs, fuzz and load the API.",
@@ -143,16 +146,84 @@ def crash_cmd(
     ] = "hash",
     batch: Annotated[int | None, typer.Option(min=1, help="Papers per batch (default: the setting).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds any one build may take.")] = 1800.0,
+    rebuild_kills: Annotated[
+        int, typer.Option(min=0, help="SIGKILLs during `library build --rebuild` (0: skip that case).")
+    ] = 5,
+    pdf: Annotated[
+        Path | None, typer.Option(help="The PDF the rebuild case adds (default: one of ../shared/pdfs).")
+    ] = None,
     workdir: Workdir = None,
     json_out: JsonOut = None,
 ) -> None:
     """Build a reference library, then build it again while SIGKILLing it at random points; check
-    the library after every kill and that the resumed build ends with the reference's chunk ids."""
+    the library after every kill and that the resumed build ends with the reference's chunk ids.
+    Then rebuild a library with an added PDF while SIGKILLing the rebuilds: after every kill the
+    library opens with all its papers, and a final rebuild ends with the PDF paper in it."""
     report = run_crash_test(
         papers, kills, seed, embedder, workdir, papers_per_batch=batch, timeout_s=timeout, echo=_echo
     )
     _print_crash(report)
+    if rebuild_kills:
+        work, temporary = make_workdir(workdir, "arag-stress-rebuild-")
+        rb = run_rebuild_kill_test(
+            work, papers, rebuild_kills, seed, embedder, pdf=pdf, papers_per_batch=batch, timeout_s=timeout,
+            echo=_echo,
+        )  # fmt: skip
+        if rb.passed and temporary:
+            shutil.rmtree(work, ignore_errors=True)
+        _print_rebuild(rb, work)
+        report = report.model_copy(
+            update={
+                "rebuild": rb,
+                "passed": report.passed and rb.passed,
+                "problems": report.problems + [f"rebuild: {p}" for p in rb.problems],
+            }
+        )
     _finish(report, report.passed, report.problems, json_out)
+
+
+def _print_rebuild(r: RebuildCrashReport, work: Path) -> None:
+    table = Table(title="stress crash: kill a rebuild", show_header=False, title_justify="left")
+    table.add_row("library", f"{r.papers} QASPER papers + {r.pdf} ({r.pdf_id}): {r.expected_papers} papers")
+    table.add_row("reference rebuild", f"{r.reference_seconds:.1f} s")
+    table.add_row("kills", f"{r.kills_done} of {r.kills_requested} (seed {r.seed})")
+    table.add_row(
+        "final rebuild",
+        f"{r.final_papers} papers, {r.final_chunks} chunks, PDF paper "
+        f"{'present' if r.final_pdf_present else 'MISSING'}, {r.final_seconds:.1f} s; "
+        f"{r.generations_left} generation folder(s) left",
+    )
+    table.add_row("total seconds", f"{r.seconds:.1f}")
+    table.add_row("workdir", str(work))
+    console.print(table)
+    kills = Table(
+        "attempt",
+        "kill due (s)",
+        "killed (s)",
+        "library in",
+        "pending",
+        "papers",
+        "chunks",
+        "PDF",
+        "check (s)",
+        "problems",
+        title="after each killed rebuild",
+        title_justify="left",
+    )
+    for k in r.kills:
+        kills.add_row(
+            str(k.attempt),
+            f"{k.target_s:.2f}",
+            f"{k.killed_at_s:.2f}" if k.killed_at_s is not None else f"ended ({k.exit_code})",
+            "new generation" if k.switched else "old generation",
+            "yes" if k.pending else "no",
+            str(k.papers),
+            str(k.chunks),
+            "yes" if k.pdf_present else "MISSING",
+            f"{k.check_seconds:.2f}",
+            str(len(k.problems)),
+        )
+    console.print(kills)
 
 
 @stress_app.command("bad-pdfs")

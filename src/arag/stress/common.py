@@ -64,12 +64,13 @@ def tail(path: Path, chars: int = 1500) -> str:
 
 
 def copy_library(settings: Settings, dest: Path) -> Path:
-    """Copy the state and the index (not the caches) to ``dest``; return the copy's data dir.
+    """Copy the state and the index of the current generation (not the caches) to ``dest``, as a
+    library in the data dir itself; return the copy's data dir.
 
     Sparse files stay sparse (``cp --sparse=always``): the engine preallocates pages of holes.
     """
     dest.mkdir(parents=True, exist_ok=True)
-    for p in settings.data_dir.glob(settings.state_db.name + "*"):
+    for p in settings.state_db.parent.glob(settings.state_db.name + "*"):
         shutil.copy2(p, dest / p.name)
     if settings.index_dir.is_dir():
         target = dest / settings.index_dir.name
@@ -161,3 +162,41 @@ def snapshot(settings: Settings) -> LibrarySnapshot:
     finally:
         store.close()
     return snap
+
+
+def consistency_problems(snap: LibrarySnapshot, papers_per_batch: int, *, after_kill: bool) -> list[str]:
+    """What is wrong with a library snapshot (the rules: see the docstring of arag.stress.crash)."""
+    problems = list(snap.problems)
+    if not snap.index_exists:
+        return problems
+    if snap.store_count != len(snap.chunks):
+        problems.append(
+            f"the engine counts {snap.store_count} chunks but {len(snap.chunks)} distinct chunk ids scroll"
+        )
+    if snap.chunks and snap.search_hits == 0:
+        problems.append(f"a dense search over {len(snap.chunks)} chunks found nothing")
+    bad_ids = [cid for cid, pid in snap.chunks.items() if not cid.startswith(pid + ":")]
+    if bad_ids:
+        problems.append(f"{len(bad_ids)} chunk ids do not belong to their paper, e.g. {bad_ids[0]}")
+    by_paper = snap.by_paper()
+    for pid, n in sorted(snap.recorded.items()):
+        have = len(by_paper.get(pid, ()))
+        if have != n:
+            problems.append(f"paper {pid}: the state records {n} chunks, the store holds {have}")
+    unrecorded = sorted(set(by_paper) - set(snap.recorded))
+    if unrecorded:
+        n_chunks = sum(len(by_paper[p]) for p in unrecorded)
+        what = f"{len(unrecorded)} unrecorded papers ({n_chunks} chunks) in the store, e.g. {unrecorded[0]}"
+        if not after_kill:
+            problems.append(f"{what}: a finished build leaves none")
+        elif len(unrecorded) > papers_per_batch:
+            problems.append(f"{what}: more than one batch ({papers_per_batch} papers) was in flight")
+    if not after_kill:
+        wrong = [
+            cid
+            for cid, pid in snap.chunks.items()
+            if pid in snap.state_topics and snap.chunk_topics.get(cid) != snap.state_topics[pid]
+        ]
+        if wrong:
+            problems.append(f"{len(wrong)} chunks carry another topic than the state gives their paper")
+    return problems

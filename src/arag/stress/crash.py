@@ -1,10 +1,10 @@
 """Crash-resume: SIGKILL a library build at random points, check the library after every kill,
 and check that the resumed build ends with exactly the chunks of an uninterrupted one.
 
-Leftovers of the batch in flight. The build writes a batch (delete each paper's old points, then
-one upsert of all its chunks), flushes, and only then records its papers in the build state. A kill
-after the upsert and before the record leaves chunks of papers the state does not know; the resumed
-build starts at that same batch and deletes and rewrites them. So, after a kill, at most one batch
+Leftovers of the batch in flight. The build writes a batch (one upsert of all its chunks, then
+one delete of the papers' other, stale chunks), flushes, and only then records its papers in the
+build state. A kill after the upsert and before the record leaves chunks of papers the state does
+not know; the resumed build starts at that same batch and rewrites them. So, after a kill, at most one batch
 of unrecorded papers (``store.papers_per_batch``) may have chunks in the store, and each of those
 papers must be whole (the upsert is one write-ahead-log record); once a build finishes there must
 be none. Topic payloads are written to the store before the state, so they are only compared once
@@ -38,6 +38,7 @@ from arag.stress.common import (
     LibrarySnapshot,
     cli_command,
     cli_env,
+    consistency_problems,
     copy_library,
     library_settings,
     make_workdir,
@@ -45,44 +46,7 @@ from arag.stress.common import (
     snapshot,
     tail,
 )
-
-
-def consistency_problems(snap: LibrarySnapshot, papers_per_batch: int, *, after_kill: bool) -> list[str]:
-    """What is wrong with a library snapshot (see the module docstring for the rules)."""
-    problems = list(snap.problems)
-    if not snap.index_exists:
-        return problems
-    if snap.store_count != len(snap.chunks):
-        problems.append(
-            f"the engine counts {snap.store_count} chunks but {len(snap.chunks)} distinct chunk ids scroll"
-        )
-    if snap.chunks and snap.search_hits == 0:
-        problems.append(f"a dense search over {len(snap.chunks)} chunks found nothing")
-    bad_ids = [cid for cid, pid in snap.chunks.items() if not cid.startswith(pid + ":")]
-    if bad_ids:
-        problems.append(f"{len(bad_ids)} chunk ids do not belong to their paper, e.g. {bad_ids[0]}")
-    by_paper = snap.by_paper()
-    for pid, n in sorted(snap.recorded.items()):
-        have = len(by_paper.get(pid, ()))
-        if have != n:
-            problems.append(f"paper {pid}: the state records {n} chunks, the store holds {have}")
-    unrecorded = sorted(set(by_paper) - set(snap.recorded))
-    if unrecorded:
-        n_chunks = sum(len(by_paper[p]) for p in unrecorded)
-        what = f"{len(unrecorded)} unrecorded papers ({n_chunks} chunks) in the store, e.g. {unrecorded[0]}"
-        if not after_kill:
-            problems.append(f"{what}: a finished build leaves none")
-        elif len(unrecorded) > papers_per_batch:
-            problems.append(f"{what}: more than one batch ({papers_per_batch} papers) was in flight")
-    if not after_kill:
-        wrong = [
-            cid
-            for cid, pid in snap.chunks.items()
-            if pid in snap.state_topics and snap.chunk_topics.get(cid) != snap.state_topics[pid]
-        ]
-        if wrong:
-            problems.append(f"{len(wrong)} chunks carry another topic than the state gives their paper")
-    return problems
+from arag.stress.rebuild_kill import RebuildCrashReport
 
 
 def check_consistency(settings: Settings, *, after_kill: bool = False) -> list[str]:
@@ -139,6 +103,8 @@ class CrashReport(BaseModel):
     problems: list[str]
     passed: bool
     seconds: float
+    # The SIGKILL-during-rebuild case, when it ran (`arag stress crash --rebuild-kills N`).
+    rebuild: RebuildCrashReport | None = None
 
 
 def _kill_targets(startup: float, total: float, kills: int, rng: random.Random) -> list[float]:
