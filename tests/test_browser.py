@@ -49,6 +49,7 @@ LAUNCH_ARGS = [
 ]
 ONTOLOGY = "How is the ontology induced from text?"
 OFF_TOPIC = "What is the boiling point of tungsten in kelvin?"  # this library abstains on it
+BROWSER_KEY = "browser-key-" + "x" * 24  # keys shorter than 32 characters are refused
 WAIT_MS = 15_000
 PIPELINE = ["route", "plan", "retrieve", "rerank", "grade", "reformulate", "synthesize", "verify"]
 
@@ -79,7 +80,7 @@ def server(library: Library) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def keyed_server(library: Library) -> Iterator[str]:
     """The same library behind an API key."""
-    settings = library.settings.model_copy(update={"api_keys": SecretStr("browser-key")})
+    settings = library.settings.model_copy(update={"api_keys": SecretStr(BROWSER_KEY)})
     with running_server(create_app(settings, library=library)) as url:
         yield url
 
@@ -302,12 +303,12 @@ def test_an_api_key_is_asked_for_then_sent(page: Page, keyed_server: str) -> Non
     alert = page.get_by_test_id("error")
     expect(alert).to_contain_text("API key")
     expect(page.locator("#key-box")).to_have_attribute("open", "")
-    page.get_by_label("API key (optional)").fill("browser-key")
+    page.get_by_label("API key (optional)").fill(BROWSER_KEY)
     ask(page, ONTOLOGY)
     expect(page.get_by_test_id("short-answer")).to_be_visible()
     expect(alert).to_be_hidden()
     page.reload()  # the key is kept in the browser
-    expect(page.get_by_label("API key (optional)")).to_have_value("browser-key")
+    expect(page.get_by_label("API key (optional)")).to_have_value(BROWSER_KEY)
 
 
 def test_search_shows_scores_and_papers_lists_and_filters(page: Page, server: str, artifacts: Path) -> None:

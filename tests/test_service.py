@@ -102,7 +102,9 @@ def test_stream_bad_input_is_a_status_not_a_stream(client: TestClient) -> None:
     ("path", "payload", "status", "words"),
     [
         ("/query", {"question": ""}, 422, "question"),
-        ("/query", {"question": "x" * 2001}, 422, "at most 2000"),
+        ("/query", {"question": "x" * 2001}, 400, "at most 2,000"),
+        ("/search", {"query": "x" * 2001}, 400, "at most 2,000"),
+        ("/query", {"question": "x" * 100_000}, 422, "at most 20000"),
         ("/query", {"question": "What?", "extra": 1}, 422, "extra"),
         ("/query", {"question": "What?", "papers": ["nope"]}, 404, "unknown paper id"),
         ("/search", {"query": "modules", "k": 0}, 422, "k"),
@@ -205,9 +207,15 @@ def test_docs_pages_load_nothing_from_outside(client: TestClient) -> None:
             assert client.get(asset).status_code == 200, asset
 
 
+K1, K2 = "k1-" + "a" * 29, "k2-" + "b" * 29  # keys of 32 characters
+
+
 def test_api_keys_and_rate_limits(library: Library) -> None:
     settings = get_settings(
-        data_dir=library.settings.data_dir, **SMALL, api_keys="k1,k2", service={"rate_limit_per_minute": 3}
+        data_dir=library.settings.data_dir,
+        **SMALL,
+        api_keys=f"{K1},{K2}",
+        service={"rate_limit_per_minute": 3},
     )
     with TestClient(create_app(settings, library=library)) as c:
         assert c.get("/health").status_code == 200  # liveness needs no key
@@ -215,10 +223,10 @@ def test_api_keys_and_rate_limits(library: Library) -> None:
         assert r.status_code == 401 and "no API key" in r.json()["error"]
         assert c.get("/papers", headers={"X-API-Key": "wrong"}).status_code == 401
         for _ in range(3):
-            assert c.get("/papers", headers={"Authorization": "Bearer k1"}).status_code == 200
-        over = c.get("/papers", headers={"Authorization": "Bearer k1"})
+            assert c.get("/papers", headers={"Authorization": f"Bearer {K1}"}).status_code == 200
+        over = c.get("/papers", headers={"Authorization": f"Bearer {K1}"})
         assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1
-        assert c.get("/papers", headers={"X-API-Key": "k2"}).status_code == 200  # limits are per key
+        assert c.get("/papers", headers={"X-API-Key": K2}).status_code == 200  # limits are per key
 
 
 def test_full_queue_answers_503_and_searches_go_on(library: Library) -> None:

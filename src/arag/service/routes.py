@@ -186,7 +186,7 @@ async def query_stream(body: QueryRequest, request: Request) -> StreamingRespons
     lib = svc.lib()
     rid: str = request.state.request_id
     # Bad input and a full queue answer with a status code, before the stream starts.
-    validate_question(body.question)
+    validate_question(body.question, svc.settings.agent.max_question_chars)
     lib.check_papers(body.papers)
     svc.pool.admit_stream()
     loop = asyncio.get_running_loop()
