@@ -21,6 +21,7 @@ from arag.errors import ConfigError
 from arag.library.manage import build_library
 from arag.service import create_app
 from arag.settings import Settings, get_settings
+from arag.stress.bombs import inflation_bomb, page_bomb
 from service_util import echo_llm, running_server
 
 LOCAL = "http://127.0.0.1:7860"
@@ -317,3 +318,35 @@ def test_the_page_has_a_strict_policy_and_nothing_is_sniffed(client: TestClient)
     assert "<script>" not in page.text and " style=" not in page.text  # nothing inline to allow
     for r in (page, client.get("/health"), client.get("/static/app.js"), client.post("/query", json={})):
         assert r.headers["x-content-type-options"] == "nosniff", r.url
+
+
+# --- PDF bombs through POST /ingest ----------------------------------------------------------------
+
+
+def test_an_uploaded_pdf_bomb_fails_its_job_with_the_reason(
+    library: Library, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ARAG_PDF__MAX_PAGES", "5")
+    monkeypatch.setenv("ARAG_PDF__PARSE_MEMORY_MB", "64")
+    pages = page_bomb(tmp_path / "pages.pdf", 6).read_bytes()
+    inflated = inflation_bomb(tmp_path / "inflated.pdf", 5).read_bytes()
+    with TestClient(create_app(library.settings, library=library), base_url=LOCAL) as c:
+        before = c.get("/papers").json()["total"]
+        r = c.post(
+            "/ingest",
+            files=[
+                ("files", ("pages.pdf", pages, "application/pdf")),
+                ("files", ("inflated.pdf", inflated, "application/pdf")),
+            ],
+        )
+        assert r.status_code == 202, r.text
+        job = r.json()
+        deadline = time.monotonic() + 120
+        while job["state"] in ("queued", "running") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            job = c.get(f"/ingest/{job['id']}").json()
+        assert job["state"] == "done", job
+        reasons = {f["key"]: f["reason"] for f in job["failures"]}
+        assert "has 6 pages (at most 5)" in reasons["pages.pdf"], reasons
+        assert "needs more than 64 MB of memory" in reasons["inflated.pdf"], reasons
+        assert c.get("/papers").json()["total"] == before and c.get("/health").status_code == 200
