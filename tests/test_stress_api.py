@@ -30,6 +30,7 @@ from arag.service import create_app
 from arag.settings import Settings, get_settings
 from arag.stress.fuzz import SSE_OPERATION, run_fuzz, sse_events
 from arag.stress.fuzz import _check_sse as check_sse
+from arag.stress.hardening import run_hardening
 from arag.stress.load import run_load
 from service_util import echo_llm, free_port, running_server
 
@@ -103,6 +104,26 @@ def test_stream_check_catches_a_bad_stream() -> None:
     assert [t for _, t, _ in bad] == ["`token` event does not match its model"]
     # Lines end at CR or LF only: U+2028 inside a JSON string does not split an event.
     assert sse_events('event: token\ndata: {"text": "a\u2028b"}\n\n') == [("token", '{"text": "a\u2028b"}')]
+
+
+def test_hostile_requests_are_refused_in_time(library: Library, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hardening cases `arag stress api` runs: each refused with its status, in time, and the
+    server still ready with its library unchanged (the PDF parser's memory limit is lowered for a
+    small bomb; `arag stress api` sends a 100 MB one to the defaults)."""
+    monkeypatch.setenv("ARAG_PDF__PARSE_MEMORY_MB", "64")
+    s = library.settings
+    settings = s.model_copy(
+        update={"service": s.service.model_copy(update={"max_upload_mb": 1.0, "max_upload_files": 2})}
+    )
+    with running_server(create_app(settings, library=library)) as url:
+        report = run_hardening(url, data_dir=s.data_dir, ingest_limit_bytes=3_000_000, inflation_mb=5)
+    got = {c.name: (c.got, c.seconds, c.detail) for c in report.cases}
+    assert report.passed and report.healthy_after and report.papers_unchanged, (report.problems, got)
+    assert len(report.cases) == 10
+    # The chunked bodies were stopped near their limit, far from their end.
+    for c in report.cases[:2]:
+        sent, total = (float(x) for x in re.findall(r"([\d.]+) MB", c.detail)[:2])
+        assert sent < total / 2, c
 
 
 def test_load_of_16_clients_for_10_seconds_has_no_error(server: str) -> None:
