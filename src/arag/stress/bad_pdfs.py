@@ -8,7 +8,7 @@ The seven kinds and what ``arag.corpus.pdf`` does with each today:
 - ``image-only``: one page holding only an image: rejected as having no extractable text.
 - ``noise``: 250 pages of random words: rejected as text that does not read as prose (pdf.py counts
   common English words).
-- ``page-bomb``: 1,000 pages of one line each (24 kB): rejected over the page cap (ARAG_PDF__MAX_PAGES,
+- ``page-bomb``: 1,000 pages of one line each (374 kB): rejected over the page cap (ARAG_PDF__MAX_PAGES,
   300), in the parser's child process.
 - ``not-a-pdf``: a PNG image named ``.pdf``: rejected as not a PDF (no ``%PDF-`` signature; MuPDF
   alone would open it as a one-page image).
