@@ -350,3 +350,18 @@ def test_an_uploaded_pdf_bomb_fails_its_job_with_the_reason(
         assert "has 6 pages (at most 5)" in reasons["pages.pdf"], reasons
         assert "needs more than 64 MB of memory" in reasons["inflated.pdf"], reasons
         assert c.get("/papers").json()["total"] == before and c.get("/health").status_code == 200
+
+
+def test_arag_serve_refuses_all_interfaces_without_keys_and_short_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from typer.testing import CliRunner
+
+    from arag.cli.main import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["serve", "--host", "0.0.0.0"])
+    assert res.exit_code == ConfigError.exit_code and "without API keys" in res.output, res.output
+    monkeypatch.setenv("ARAG_API_KEYS", "too-short")
+    res = runner.invoke(app, ["serve", "--host", "0.0.0.0"])
+    assert res.exit_code == ConfigError.exit_code and "shorter than 32 characters" in res.output, res.output
