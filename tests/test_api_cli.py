@@ -110,6 +110,11 @@ def test_library_rejects_bad_input(lib: Library) -> None:
         lib.search("")
     with pytest.raises(InputError, match="session id"):
         lib.chat("bad id", "How is it trained?")
+    long = "how are the networks assembled " * 3_300  # about 100k characters
+    for call in (lib.search, lib.ask, lambda q: lib.stream(q), lambda q: lib.chat("s1", q)):
+        with pytest.raises(InputError, match=r"characters long \(at most 2,000\)") as exc:
+            call(long)
+        assert "ARAG_AGENT__MAX_QUESTION_CHARS" in str(exc.value)
     lib.close()
     lib.close()  # harmless
     with pytest.raises(StoreError, match="closed"):
@@ -221,6 +226,9 @@ def test_ask_abstains_in_words_with_the_closest_papers(settings: Settings) -> No
         (["chat", "--history"], "needs a session"),
         (["chat", "--history", "--session", "never-used"], "no session 'never-used'"),
         (["chat", "--session", "bad id", "hi"], "invalid session id"),
+        (["search", "modules " * 12_500], "at most 2,000"),
+        (["ask", "modules " * 12_500], "at most 2,000"),
+        (["chat", "modules " * 12_500], "at most 2,000"),
     ],
 )
 def test_bad_input_exits_with_the_input_error_code(settings: Settings, args: list[str], message: str) -> None:
@@ -297,3 +305,15 @@ def test_ask_with_llm_option(settings: Settings, monkeypatch: pytest.MonkeyPatch
     )
     assert res.exit_code == 0, res.output
     assert Answer.model_validate_json(res.stdout).mode == "extractive"
+
+
+def test_the_question_limit_is_one_setting(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ARAG_AGENT__MAX_QUESTION_CHARS", "40")
+    question = "How are the networks assembled from the modules?"  # 49 characters
+    for args in (["search", question], ["ask", question]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == InputError.exit_code and "at most 40" in res.output, res.output
+    with Library(get_settings()) as lib, pytest.raises(InputError, match="at most 40"):
+        lib.search(question)
+    with pytest.raises(InputError, match="at most 40"):
+        arag.ask(question)

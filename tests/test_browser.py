@@ -49,6 +49,7 @@ LAUNCH_ARGS = [
 ]
 ONTOLOGY = "How is the ontology induced from text?"
 OFF_TOPIC = "What is the boiling point of tungsten in kelvin?"  # this library abstains on it
+BROWSER_KEY = "browser-key-" + "x" * 24  # keys shorter than 32 characters are refused
 WAIT_MS = 15_000
 PIPELINE = ["route", "plan", "retrieve", "rerank", "grade", "reformulate", "synthesize", "verify"]
 
@@ -79,7 +80,7 @@ def server(library: Library) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def keyed_server(library: Library) -> Iterator[str]:
     """The same library behind an API key."""
-    settings = library.settings.model_copy(update={"api_keys": SecretStr("browser-key")})
+    settings = library.settings.model_copy(update={"api_keys": SecretStr(BROWSER_KEY)})
     with running_server(create_app(settings, library=library)) as url:
         yield url
 
@@ -120,6 +121,11 @@ def new_page(browser: Browser, width: int = 1280, height: int = 900) -> tuple[Pa
     page.set_default_timeout(WAIT_MS)
     watch = Watch()
     page.on("pageerror", lambda exc: watch.errors.append(str(exc)))
+    # The page is served under a Content-Security-Policy: anything it blocks is a broken page.
+    page.on(
+        "console",
+        lambda msg: watch.errors.append(msg.text) if "Content Security Policy" in msg.text else None,
+    )
 
     def on_request(req: sync_api.Request) -> None:
         if not req.url.startswith(("http://127.0.0.1:", "data:")):
@@ -224,7 +230,7 @@ def test_errors_show_an_alert_with_the_fix(page: Page, server: str, artifacts: P
     page.get_by_role("button", name="Use the whole library").click()
     expect(page.locator("#scope")).to_be_hidden()
     ask(page, "x" * 2001)
-    expect(alert).to_contain_text("at most 2000")
+    expect(alert).to_contain_text("at most 2,000")
     expect(page.locator("#question-count")).to_have_class(re.compile(r"\bover\b"))
 
     # The network fails: still an alert, not a silent page.
@@ -302,12 +308,19 @@ def test_an_api_key_is_asked_for_then_sent(page: Page, keyed_server: str) -> Non
     alert = page.get_by_test_id("error")
     expect(alert).to_contain_text("API key")
     expect(page.locator("#key-box")).to_have_attribute("open", "")
-    page.get_by_label("API key (optional)").fill("browser-key")
+    page.get_by_label("API key (optional)").fill(BROWSER_KEY)
     ask(page, ONTOLOGY)
     expect(page.get_by_test_id("short-answer")).to_be_visible()
     expect(alert).to_be_hidden()
-    page.reload()  # the key is kept in the browser
-    expect(page.get_by_label("API key (optional)")).to_have_value("browser-key")
+    page.reload()  # the key is kept in this tab, not in the browser's lasting storage
+    expect(page.get_by_label("API key (optional)")).to_have_value(BROWSER_KEY)
+    assert page.evaluate("window.localStorage.getItem('arag.apiKey')") is None
+    page.locator("#key-box summary").click()
+    page.get_by_label("Remember on this computer").check()  # now it is
+    assert page.evaluate("window.localStorage.getItem('arag.apiKey')") == BROWSER_KEY
+    page.get_by_label("Remember on this computer").uncheck()
+    assert page.evaluate("window.localStorage.getItem('arag.apiKey')") is None
+    assert page.evaluate("window.sessionStorage.getItem('arag.apiKey')") == BROWSER_KEY
 
 
 def test_search_shows_scores_and_papers_lists_and_filters(page: Page, server: str, artifacts: Path) -> None:

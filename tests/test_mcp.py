@@ -196,3 +196,16 @@ def test_serves_over_stdio_in_a_subprocess(tmp_path: Path, qasper_path: Path) ->
     assert name == "arag" and tools == TOOLS, errlog.read_text()
     out = ok(result)
     assert 1 <= len(out["passages"]) <= 2 and out["passages"][0]["text"]
+
+
+def test_a_question_over_the_limit_is_a_tool_error_naming_the_setting(library: Library) -> None:
+    for tool, args in (
+        ("search_papers", {"query": "modules " * 400}),
+        ("ask", {"question": "modules " * 400}),
+    ):
+        result = call(library, tool, **args)
+        assert result.is_error, tool
+        text = result.content[0]
+        assert isinstance(text, TextContent)
+        assert "at most 2,000" in text.text and "ARAG_AGENT__MAX_QUESTION_CHARS" in text.text, text.text
+    assert call(library, "search_papers", query="m" * 100_000).is_error  # past the schema's ceiling

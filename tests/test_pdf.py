@@ -17,6 +17,8 @@ import pytest
 from arag.corpus.pdf import IngestFailure, paper_from_pdf, paper_id_for, papers_from_paths
 from arag.errors import IngestError
 from arag.records import Paper
+from arag.settings import PdfSettings
+from arag.stress.bombs import inflation_bomb, page_bomb
 
 # --------------------------------------------------------------------------- synthetic PDFs
 
@@ -415,3 +417,42 @@ def test_real_pdf_tables(real_papers: dict[str, tuple[Paper, float, str]], name:
     assert any(want.table_row in t.text for t in captioned)
     assert all(t.page and t.text.count(" | ") >= 2 for t in paper.tables)
     assert want.table_only not in _body(paper)  # the table's region is not body text
+
+
+# --------------------------------------------------------------------------- limits (PDF bombs)
+
+
+def test_a_pdf_over_the_page_cap_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    page_bomb(tmp_path / "a-many.pdf", 40)
+    good = _synthetic_paper(tmp_path / "b-good.pdf")
+    papers, failures = papers_from_paths([tmp_path], PdfSettings(max_pages=30))
+    assert [Path(p.source_path or "").name for p in papers] == [good.name]  # the batch goes on
+    (failure,) = failures
+    assert "has 40 pages (at most 30)" in failure.reason and "ARAG_PDF__MAX_PAGES" in failure.reason
+
+
+def test_a_parse_over_its_memory_or_time_is_stopped_in_the_child(tmp_path: Path) -> None:
+    """Parsing runs in a child process: a file that inflates past the memory limit, or parses past
+    the time limit, fails there with the limit and its setting; the caller and the next file are
+    unharmed."""
+    bomb = inflation_bomb(tmp_path / "a-bomb.pdf", 5)
+    good = _synthetic_paper(tmp_path / "b-good.pdf")
+    assert bomb.stat().st_size < 40_000
+    papers, failures = papers_from_paths([tmp_path], PdfSettings(parse_memory_mb=64))
+    assert [Path(p.source_path or "").name for p in papers] == [good.name]
+    (failure,) = failures
+    assert "needs more than 64 MB of memory" in failure.reason, failure.reason
+    assert "ARAG_PDF__PARSE_MEMORY_MB" in failure.reason
+    papers, failures = papers_from_paths([tmp_path], PdfSettings(parse_timeout_s=0.5))
+    assert [Path(p.source_path or "").name for p in papers] == [good.name]  # a fresh child
+    (failure,) = failures
+    assert "took longer than 0.5 s" in failure.reason and "ARAG_PDF__PARSE_TIMEOUT_S" in failure.reason
+
+
+def test_papers_from_paths_reads_its_limits_from_the_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`arag library add` and POST /ingest call it without limits: the settings' pdf group applies."""
+    monkeypatch.setenv("ARAG_PDF__MAX_PAGES", "5")
+    _, failures = papers_from_paths([page_bomb(tmp_path / "many.pdf", 6)])
+    assert "has 6 pages (at most 5)" in failures[0].reason

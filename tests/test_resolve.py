@@ -112,3 +112,21 @@ def test_remainder_drops_the_papers_name(resolver: PaperResolver, question: str,
     ref = resolver.resolve(question)
     assert ref is not None
     assert ref.remainder(question) == rest
+
+
+def test_a_100k_character_question_costs_linear_work(resolver: PaperResolver) -> None:
+    """Title-part resolution walks a trie of title spans from each question token: bounded by the
+    longest title, not the question (spans of every length were tried before: a 24k-character
+    question took 46 s, a 100k one about an hour). The title at the end is still found."""
+    import threading
+
+    filler = " ".join(["deep transformers for retrieval augmented language tasks"] * 1_800)
+    question = f"{filler} and in attention is all you need how many heads"
+    assert len(question) > 100_000
+    found: list[object] = []
+    worker = threading.Thread(target=lambda: found.append(resolver.resolve(question)), daemon=True)
+    worker.start()
+    worker.join(timeout=60)  # generous: it takes well under a second
+    assert found, "resolution of a 100k-character question did not finish"
+    ref = found[0]
+    assert ref is not None and ref.paper_id == "1706.03762"  # type: ignore[attr-defined]

@@ -23,6 +23,9 @@ from arag.settings import Settings, get_settings
 from service_util import echo_llm, running_server, sse_events
 
 COMPOSE = "1601.01705"
+# The service answers to its own names only (the Host header): the test client's default,
+# "testserver", is not one of them.
+LOCAL = "http://127.0.0.1:7860"
 SMALL = {
     "embedding": {"provider": "hash"},
     "topics": {"k": 2},
@@ -51,7 +54,7 @@ def library(lib_dir: Path) -> Iterator[Library]:
 
 @pytest.fixture
 def client(library: Library) -> Iterator[TestClient]:
-    with TestClient(create_app(library.settings, library=library)) as c:
+    with TestClient(create_app(library.settings, library=library), base_url=LOCAL) as c:
         yield c
 
 
@@ -102,7 +105,9 @@ def test_stream_bad_input_is_a_status_not_a_stream(client: TestClient) -> None:
     ("path", "payload", "status", "words"),
     [
         ("/query", {"question": ""}, 422, "question"),
-        ("/query", {"question": "x" * 2001}, 422, "at most 2000"),
+        ("/query", {"question": "x" * 2001}, 400, "at most 2,000"),
+        ("/search", {"query": "x" * 2001}, 400, "at most 2,000"),
+        ("/query", {"question": "x" * 100_000}, 422, "at most 20000"),
         ("/query", {"question": "What?", "extra": 1}, 422, "extra"),
         ("/query", {"question": "What?", "papers": ["nope"]}, 404, "unknown paper id"),
         ("/search", {"query": "modules", "k": 0}, 422, "k"),
@@ -200,25 +205,31 @@ def test_docs_pages_load_nothing_from_outside(client: TestClient) -> None:
     for path in ("/docs", "/redoc"):
         page = client.get(path)
         assert page.status_code == 200 and "/openapi.json" in page.text
-        assert not re.search(r"https?://(?!127\.0\.0\.1)", page.text.replace("http://testserver", "")), path
+        assert not re.search(r"https?://(?!127\.0\.0\.1)", page.text.replace(LOCAL, "")), path
         for asset in re.findall(r'"(/docs-static/[^"]+)"', page.text):
             assert client.get(asset).status_code == 200, asset
 
 
+K1, K2 = "k1-" + "a" * 29, "k2-" + "b" * 29  # keys of 32 characters
+
+
 def test_api_keys_and_rate_limits(library: Library) -> None:
     settings = get_settings(
-        data_dir=library.settings.data_dir, **SMALL, api_keys="k1,k2", service={"rate_limit_per_minute": 3}
+        data_dir=library.settings.data_dir,
+        **SMALL,
+        api_keys=f"{K1},{K2}",
+        service={"rate_limit_per_minute": 3},
     )
-    with TestClient(create_app(settings, library=library)) as c:
+    with TestClient(create_app(settings, library=library), base_url=LOCAL) as c:
         assert c.get("/health").status_code == 200  # liveness needs no key
         r = c.get("/papers")
         assert r.status_code == 401 and "no API key" in r.json()["error"]
         assert c.get("/papers", headers={"X-API-Key": "wrong"}).status_code == 401
         for _ in range(3):
-            assert c.get("/papers", headers={"Authorization": "Bearer k1"}).status_code == 200
-        over = c.get("/papers", headers={"Authorization": "Bearer k1"})
+            assert c.get("/papers", headers={"Authorization": f"Bearer {K1}"}).status_code == 200
+        over = c.get("/papers", headers={"Authorization": f"Bearer {K1}"})
         assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1
-        assert c.get("/papers", headers={"X-API-Key": "k2"}).status_code == 200  # limits are per key
+        assert c.get("/papers", headers={"X-API-Key": K2}).status_code == 200  # limits are per key
 
 
 def test_full_queue_answers_503_and_searches_go_on(library: Library) -> None:
@@ -227,7 +238,7 @@ def test_full_queue_answers_503_and_searches_go_on(library: Library) -> None:
     )
     gate = threading.Event()
     app = create_app(settings, library=library)
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL) as c:
         pool = app.state.svc.pool
         blocker = threading.Thread(target=lambda: c.portal.call(pool.run, gate.wait))
         blocker.start()
@@ -278,7 +289,7 @@ def test_ingest_uploads_and_rejects(tmp_path: Path, lib_dir: Path, shared_dir: P
     pdf = next((shared_dir / "pdfs").glob("*.pdf"))
     with (
         Library(small_settings(data), llm=echo_llm()) as lib,
-        TestClient(create_app(lib.settings, library=lib)) as c,
+        TestClient(create_app(lib.settings, library=lib), base_url=LOCAL) as c,
     ):
         r = c.post("/ingest", files=[("files", ("notes.txt", b"hello", "text/plain"))])
         assert r.status_code == 415 and "not a PDF" in r.json()["error"]
@@ -341,7 +352,10 @@ def test_ingest_fetches_arxiv_ids_and_caps_uploads(tmp_path: Path, lib_dir: Path
         service={"max_upload_mb": 0.05},
     )
     try:
-        with Library(settings, llm=echo_llm()) as lib, TestClient(create_app(settings, library=lib)) as c:
+        with (
+            Library(settings, llm=echo_llm()) as lib,
+            TestClient(create_app(settings, library=lib), base_url=LOCAL) as c,
+        ):
             r = c.post("/ingest", files=[("files", ("big.pdf", b"%PDF-" + b"x" * 60_000, "application/pdf"))])
             assert r.status_code == 413 and "at most" in r.json()["error"]
             r = c.post("/ingest", data={"arxiv_ids": "arXiv:2203.00130, 1111.11111"})

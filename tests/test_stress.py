@@ -13,7 +13,7 @@ from arag.index.factory import open_store
 from arag.library.manage import build_library, list_papers
 from arag.library.state import LibraryState
 from arag.settings import Settings, get_settings
-from arag.stress.bad_pdfs import BAD_KINDS, NOISE_PAGES, BadPdfReport, make_bad_pdfs
+from arag.stress.bad_pdfs import BAD_KINDS, BOMB_PAGES, NOISE_PAGES, BadPdfReport, make_bad_pdfs
 from arag.stress.cli import stress_app
 from arag.stress.crash import CrashReport, check_consistency, run_crash_test
 
@@ -84,7 +84,7 @@ def test_crash_resume_ends_with_the_reference_chunks(tmp_path: Path, qasper_path
     assert report.final_papers == report.reference_papers == 20
 
 
-def test_the_bad_pdf_generator_writes_six_kinds(tmp_path: Path) -> None:
+def test_the_bad_pdf_generator_writes_seven_kinds(tmp_path: Path) -> None:
     files = make_bad_pdfs(tmp_path)
     assert tuple(files) == BAD_KINDS and all(p.is_file() for p in files.values())
     assert files["zero-bytes"].stat().st_size == 0
@@ -96,6 +96,8 @@ def test_the_bad_pdf_generator_writes_six_kinds(tmp_path: Path) -> None:
         assert doc.page_count == 1 and not doc[0].get_text().strip() and doc[0].get_images()
     with pymupdf.open(files["noise"]) as doc:
         assert doc.page_count == NOISE_PAGES and len(doc[NOISE_PAGES - 1].get_text()) > 1000
+    with pymupdf.open(files["page-bomb"]) as doc:
+        assert doc.page_count == BOMB_PAGES > 300
     assert files["not-a-pdf"].read_bytes().startswith(b"\x89PNG")
 
 

@@ -93,6 +93,7 @@ class Library:
         from arag.retrieval.pipeline import make_retriever
 
         self.settings = settings if settings is not None else get_settings()
+        self._max_chars = self.settings.agent.max_question_chars
         self._lock = threading.Lock()
         self._closed = False
         store, embedder = open_for_search(self.settings)
@@ -119,7 +120,10 @@ class Library:
         self._ingest_lock = threading.Lock()
         c = self.settings.chat
         self.rewriter = Rewriter(
-            self.llm if c.rewrite_with_llm else None, self.resolver, history_turns=c.history_turns
+            self.llm if c.rewrite_with_llm else None,
+            self.resolver,
+            history_turns=c.history_turns,
+            max_chars=self._max_chars,
         )
 
     # -- questions --------------------------------------------------------------------------------
@@ -138,18 +142,17 @@ class Library:
         ``hooks`` sees the answer's tokens and can cancel the run."""
         self._check_open()
         flt = self._filter(papers)
-        validate_question(question)
+        validate_question(question, self._max_chars)
         return self.agent.stream(question, flt, hooks)
 
     def search(self, query: str, *, papers: Sequence[str] | None = None, k: int = 10) -> SearchResult:
         """Hybrid search and rerank without answering: the top ``k`` candidates (``ranked``) and the
         kept evidence, as ``arag search`` shows them."""
         self._check_open()
-        if not query.strip():
-            raise InputError("the query is empty", where="query", fix="give a question or keywords")
+        query = validate_question(query, self._max_chars, what="query")
         if k < 1:
             raise InputError(f"k must be at least 1, got {k}", where="k", fix="ask for 1 or more passages")
-        result = self.retriever.search(query.strip(), self._filter(papers))
+        result = self.retriever.search(query, self._filter(papers))
         return result.model_copy(update={"ranked": result.ranked[:k]})
 
     def papers(self, *, topic: int | None = None) -> list[PaperRow]:
@@ -211,7 +214,9 @@ class Library:
     def rewrite(self, session_id: str, message: str) -> Rewrite:
         """The standalone question a message of a session becomes (nothing is recorded)."""
         sid = validate_session_id(session_id)
-        return self.rewriter.rewrite(validate_question(message), self.chat_history.exchanges(sid))
+        return self.rewriter.rewrite(
+            validate_question(message, self._max_chars), self.chat_history.exchanges(sid)
+        )
 
     def chat(
         self,
@@ -227,7 +232,7 @@ class Library:
         history (unless ``rewrite`` is False), answered, and recorded. ``answer.question`` is the question
         the agent was asked; ``standalone`` passes one the caller already rewrote (to show it first)."""
         sid = validate_session_id(session_id)
-        message = validate_question(message)
+        message = validate_question(message, self._max_chars)
         if standalone is None:
             standalone = self.rewrite(sid, message).question if rewrite else message
         answer = self.ask(standalone, papers=papers, on_event=on_event)
@@ -278,6 +283,7 @@ def ask(
     on_event: EventCallback | None = None,
 ) -> Answer:
     """Open the library, answer one question, close it. Hold a :class:`Library` to ask several."""
-    validate_question(question)  # before the models load
+    settings = settings if settings is not None else get_settings()
+    validate_question(question, settings.agent.max_question_chars)  # before the models load
     with Library(settings, llm=llm, reranker=reranker) as lib:
         return lib.ask(question, papers=papers, on_event=on_event)

@@ -110,6 +110,13 @@ class AuthError(AragError):
     http_status = 401
 
 
+class ForbiddenError(AuthError):
+    """A request the service refuses whatever its key: from another site, or beyond loopback
+    without keys."""
+
+    http_status = 403
+
+
 class RateLimitError(AragError):
     """A key over its request rate."""
 

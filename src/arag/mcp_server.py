@@ -22,7 +22,6 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
-from arag.agent.graph import MAX_QUESTION_CHARS
 from arag.api import PAPERS_FIX, Library
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.errors import AragError
@@ -30,6 +29,7 @@ from arag.library.state import PaperRow
 from arag.records import Answer
 from arag.retrieval.pipeline import SearchResult
 from arag.service.schemas import MAX_PAPERS, PaperDetail
+from arag.settings import QUESTION_CHARS_CEILING as MAX_QUESTION_CHARS
 from arag.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)

@@ -24,6 +24,10 @@ from pydantic_settings import (
 from arag.errors import ConfigError
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
+# The most ARAG_AGENT__MAX_QUESTION_CHARS may allow: the API's schemas cap requests at this length.
+QUESTION_CHARS_CEILING = 20_000
+# API keys shorter than this are refused: a short key can be guessed.
+MIN_API_KEY_CHARS = 32
 # The shared data lives beside the repository (../shared); found from the package or the working dir.
 _SHARED_CANDIDATES = (_REPO_ROOT.parent / "shared", Path.cwd().parent / "shared", Path.cwd() / "shared")
 
@@ -205,6 +209,8 @@ class ArxivSettings(BaseModel):
 class AgentSettings(BaseModel):
     """The answering agent: planning, grading, the retry, the context budget and verification."""
 
+    # The longest question or search query any entry point takes (CLI, Python API, HTTP API, MCP).
+    max_question_chars: int = Field(default=2000, ge=1, le=QUESTION_CHARS_CEILING)
     # Sub-queries of a compound question, and retrieval passes after the first (at most one retry).
     max_sub_queries: int = 3
     max_retries: int = 1
@@ -277,6 +283,25 @@ class ServiceSettings(BaseModel):
     max_upload_files: int = Field(default=20, ge=1)
     # Finished ingest jobs remembered for GET /ingest/{id}.
     jobs_kept: int = Field(default=100, ge=1)
+    # The largest JSON request body, in kB (a question of the longest length fits many times over);
+    # POST /ingest may send max_upload_files x max_upload_mb (+1 MB of form). Counted as it streams.
+    max_body_kb: int = Field(default=256, ge=1)
+    # Host names the service answers to besides the loopback names and `host` (behind a proxy, or a
+    # DNS name for a non-loopback address). Other Host headers get 400: DNS rebinding needs a name of
+    # the attacker's. With `host` 0.0.0.0 and no names here, any Host is accepted (keys are required).
+    allowed_hosts: list[str] = Field(default_factory=list)
+    # Wrong API keys one client may send in a minute before it gets 429 (keys on only).
+    key_failures_per_minute: int = Field(default=10, ge=1)
+
+
+class PdfSettings(BaseModel):
+    """Limits on one PDF's parse (``arag library add``, ``POST /ingest``): a hostile or broken file is
+    rejected with the limit it hit, never parsed at any cost inside the server."""
+
+    max_pages: int = Field(default=300, ge=1)
+    # Each PDF is parsed in a child process with this much address space and time.
+    parse_memory_mb: int = Field(default=2048, ge=64)
+    parse_timeout_s: float = Field(default=120.0, gt=0)
 
 
 class Settings(BaseSettings):
@@ -307,10 +332,18 @@ class Settings(BaseSettings):
     agent: AgentSettings = Field(default_factory=AgentSettings)
     chat: ChatSettings = Field(default_factory=ChatSettings)
     service: ServiceSettings = Field(default_factory=ServiceSettings)
+    pdf: PdfSettings = Field(default_factory=PdfSettings)
     # API keys of the service, comma-separated (ARAG_API_KEYS). Unset: no key needed (local use).
     api_keys: SecretStr | None = None
     # A generation pinned by at_generation (the one a rebuild writes); None: the pointer decides.
     _generation: str | None = PrivateAttr(default=None)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _long_keys(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None:
+            check_api_keys(v.get_secret_value())
+        return v
 
     @field_validator("data_dir")
     @classmethod
@@ -335,8 +368,7 @@ class Settings(BaseSettings):
     # Derived locations inside the data directory.
     def service_keys(self) -> frozenset[str]:
         """The API keys in force (empty: authentication is off)."""
-        raw = self.api_keys.get_secret_value() if self.api_keys is not None else ""
-        return frozenset(k.strip() for k in raw.split(",") if k.strip())
+        return check_api_keys(self.api_keys.get_secret_value() if self.api_keys is not None else "")
 
     @property
     def uploads_dir(self) -> Path:
@@ -415,6 +447,21 @@ class Settings(BaseSettings):
     @property
     def support_dir(self) -> Path:
         return self.agent.support_path or self.data_dir / "models" / "support"
+
+
+def check_api_keys(raw: str) -> frozenset[str]:
+    """The comma-separated keys; a ConfigError when one is shorter than MIN_API_KEY_CHARS."""
+    keys = frozenset(k.strip() for k in raw.split(",") if k.strip())
+    short = sorted(len(k) for k in keys if len(k) < MIN_API_KEY_CHARS)
+    if short:
+        raise ConfigError(
+            f"{len(short)} of the {len(keys)} API keys in ARAG_API_KEYS are shorter than "
+            f"{MIN_API_KEY_CHARS} characters ({', '.join(map(str, short))}): a short key can be guessed",
+            where="ARAG_API_KEYS",
+            fix="use keys of 32 characters or more, e.g. from "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`",
+        )
+    return keys
 
 
 def config_path() -> Path | None:

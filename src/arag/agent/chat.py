@@ -25,14 +25,13 @@ from pydantic import BaseModel, ConfigDict
 from arag.agent import prompts
 from arag.agent.deps import ask
 from arag.agent.direct import arithmetic_expression, is_chitchat
-from arag.agent.graph import MAX_QUESTION_CHARS
-from arag.agent.terms import entities, key_terms, strip_citations
+from arag.agent.terms import entities, key_terms, safe_label, strip_citations
 from arag.errors import AragError, InputError, ModelUnavailable, StoreError
 from arag.index.sparse import STOPWORDS
 from arag.llm.base import LLM
 from arag.records import Answer
 from arag.retrieval.resolve import PaperRef, PaperResolver
-from arag.settings import Settings
+from arag.settings import QUESTION_CHARS_CEILING, Settings
 
 # --- the history ---------------------------------------------------------------------------------
 
@@ -315,8 +314,9 @@ def scope_lead(ref: PaperRef) -> str:
     """The lead that scopes a question to a paper: ``In the paper '<title>':`` (or its arXiv id)."""
     if ref.method == "arxiv-id":
         return f"In the paper {ref.matched}:"
-    q = '"' if "'" in ref.title else "'"
-    return f"In the paper {q}{ref.title}{q}:"
+    title = safe_label(ref.title)
+    q = '"' if "'" in title else "'"
+    return f"In the paper {q}{title}{q}:"
 
 
 def split_scope(question: str, resolver: PaperResolver | None = None) -> tuple[str | None, str]:
@@ -544,14 +544,16 @@ def rewrite_prompt(message: str, history: Sequence[Exchange], turns: int) -> str
     return "Conversation:\n" + "\n".join(lines) + f"\n\nLast message: {message}\n\nStandalone question:"
 
 
-def clean_reply(reply: str, message: str, previous: str) -> str | None:
+def clean_reply(
+    reply: str, message: str, previous: str, max_chars: int = QUESTION_CHARS_CEILING
+) -> str | None:
     """The LLM's rewrite as a question, or None when it is unusable: empty, or longer than three times
     the longer of the message and the previous question (the model answered instead of rewriting)."""
     line = next((ln.strip() for ln in reply.splitlines() if ln.strip()), "")
     line = _REPLY_LEAD.sub("", line).strip()
     if len(line) >= 2 and line[0] == line[-1] and line[0] in "\"'`":
         line = line[1:-1].strip()
-    limit = min(3 * max(len(message), len(previous)), MAX_QUESTION_CHARS)
+    limit = min(3 * max(len(message), len(previous)), max_chars)
     if not line or len(line) > limit:
         return None
     return line
@@ -562,11 +564,17 @@ class Rewriter:
     whenever the LLM's reply is unusable. Stateless: safe to share between threads."""
 
     def __init__(
-        self, llm: LLM | None = None, resolver: PaperResolver | None = None, *, history_turns: int = 3
+        self,
+        llm: LLM | None = None,
+        resolver: PaperResolver | None = None,
+        *,
+        history_turns: int = 3,
+        max_chars: int = QUESTION_CHARS_CEILING,
     ) -> None:
         self.llm = llm
         self.resolver = resolver
         self.history_turns = history_turns
+        self.max_chars = max_chars
 
     def rewrite(self, message: str, history: Sequence[Exchange]) -> Rewrite:
         """The standalone question for ``message`` after the exchanges in ``history``."""
@@ -589,7 +597,7 @@ class Rewriter:
             raise
         except AragError:
             reply = ""
-        question = clean_reply(reply, msg, previous)
+        question = clean_reply(reply, msg, previous, self.max_chars)
         if question is None:
             return Rewrite(message=msg, question=by_rules, how="rules (LLM reply unusable)")
         # A small model often drops the paper the conversation is about: keep the scope the rules saw.

@@ -8,7 +8,14 @@ from collections.abc import Callable
 
 from arag.agent.deps import AgentDeps
 from arag.agent.state import AgentState, ContextPassage, Evidence, Step
-from arag.agent.terms import key_terms, sentences, strip_instructions, strip_placeholders
+from arag.agent.terms import (
+    clean_label,
+    key_terms,
+    safe_label,
+    sentences,
+    strip_instructions,
+    strip_placeholders,
+)
 from arag.index.sparse import tokenize
 from arag.settings import AgentSettings
 
@@ -51,8 +58,13 @@ def prune_sentences(text: str, terms: set[str], neighbours: int = 1) -> tuple[li
 
 
 def header(n: int, e: Evidence) -> str:
-    section = f" — {e.chunk.section}" if e.chunk.section else ""
-    return f"[{n}] {e.chunk.title}{section}\n"
+    return passage_header(n, e.chunk.title, e.chunk.section)
+
+
+def passage_header(n: int, title: str, section: str | None) -> str:
+    """``[n] title — section``: the labels filtered like the passages' text (see ``clean_label``)."""
+    label = safe_label(section) if section else ""
+    return f"[{n}] {safe_label(title)}{f' — {label}' if label else ''}\n"
 
 
 def build_context(
@@ -76,7 +88,8 @@ def build_context(
         if len(passages) >= settings.max_passages:
             break
         text, removed = strip_instructions(strip_placeholders(e.chunk.text))
-        instructions += removed
+        instructions += removed + clean_label(e.chunk.title)[1]
+        instructions += clean_label(e.chunk.section)[1] if e.chunk.section else 0
         kept, n_sents = prune_sentences(text, terms, settings.neighbour_sentences)
         total_sents += n_sents
         if not kept:
@@ -111,8 +124,7 @@ def format_passages(passages: list[ContextPassage]) -> str:
     """The passages as the LLM reads them."""
     out = []
     for p in passages:
-        section = f" — {p.chunk.section}" if p.chunk.section else ""
-        out.append(f"[{p.n}] {p.chunk.title}{section}\n{p.text}")
+        out.append(passage_header(p.n, p.chunk.title, p.chunk.section) + p.text)
     return "\n\n".join(out)
 
 

@@ -42,7 +42,7 @@ from arag.errors import InputError
 from arag.llm.base import LLM
 from arag.llm.cache import cache_hits
 from arag.records import Answer, NodeEvent, SearchFilter
-from arag.settings import Settings
+from arag.settings import QUESTION_CHARS_CEILING, Settings
 
 NODES = (
     "router",
@@ -58,7 +58,6 @@ NODES = (
 )
 # Enough for the longest path (10 steps with the retry), with room to spare.
 RECURSION_LIMIT = 40
-MAX_QUESTION_CHARS = 2000
 
 
 def timed(name: str, fn: Callable[[AgentState], Step], deps: AgentDeps) -> Callable[..., Any]:
@@ -133,7 +132,7 @@ class Agent:
     ) -> Iterator[NodeEvent | Answer]:
         """Each node's event as the node finishes, then the answer (last). ``hooks`` can cancel the
         run (Cancelled is raised at the next node or token) and see the answer's tokens."""
-        question = validate_question(question)
+        question = validate_question(question, self.deps.settings.max_question_chars)
         t0 = time.perf_counter()
         init: AgentState = {"question": question, "flt": flt}
         events: list[NodeEvent] = []
@@ -176,16 +175,19 @@ class Agent:
         raise AssertionError("the agent's graph ended without an answer")
 
 
-def validate_question(question: str) -> str:
-    """The question stripped; an InputError when it is empty or far too long."""
+def validate_question(question: str, max_chars: int, *, what: str = "question") -> str:
+    """The question (or query: ``what``) stripped; an InputError when it is empty or longer than
+    ``max_chars`` (ARAG_AGENT__MAX_QUESTION_CHARS). Every entry point calls it before any work: paper
+    resolution and the searches cost time in the question's length."""
     q = (question or "").strip()
     if not q:
-        raise InputError("the question is empty", where="question", fix="ask a question")
-    if len(q) > MAX_QUESTION_CHARS:
+        raise InputError(f"the {what} is empty", where=what, fix=f"give a {what}")
+    if len(q) > max_chars:
         raise InputError(
-            f"the question is {len(q)} characters long (at most {MAX_QUESTION_CHARS})",
-            where="question",
-            fix="shorten the question",
+            f"the {what} is {len(q):,} characters long (at most {max_chars:,})",
+            where=what,
+            fix=f"shorten the {what}, or raise ARAG_AGENT__MAX_QUESTION_CHARS "
+            f"(up to {QUESTION_CHARS_CEILING:,})",
         )
     return q
 

@@ -12,7 +12,7 @@ from arag.agent.answer_type import strip_lead
 from arag.agent.deps import AgentDeps, ask_json
 from arag.agent.grader import question_focus
 from arag.agent.state import AgentState, Grade, Step
-from arag.agent.terms import content_words, key_terms
+from arag.agent.terms import content_words, key_terms, safe_label
 from arag.retrieval.resolve import PaperRef
 
 # Words of the question kept beside the missing ones, so the new query stays on the question's topic.
@@ -30,7 +30,7 @@ def reformulate_rules(
     lead = ""
     if resolved is not None:
         # Keep the retry inside the paper the question named.
-        lead = f"In the paper '{resolved.title}': "
+        lead = f"In the paper '{safe_label(resolved.title)}': "
     focus = question_focus(question, resolved)
     done = {q.strip().lower() for q in searched}
     out: list[tuple[str, str]] = []
@@ -95,7 +95,7 @@ def make_reformulator(deps: AgentDeps):
                 ]
                 fresh = list(dict.fromkeys(fresh))[: settings.max_sub_queries]
                 if fresh:
-                    lead = f"In the paper '{resolved.title}': " if resolved is not None else ""
+                    lead = f"In the paper '{safe_label(resolved.title)}': " if resolved is not None else ""
                     pairs = [(f"{lead}{q}", question) for q in fresh]
                     how = "LLM"
             if how != "LLM":

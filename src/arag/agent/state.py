@@ -78,10 +78,10 @@ class ContextPassage(BaseModel):
     @property
     def full_text(self) -> str:
         """The passage as the verifier reads it: the whole chunk, less instructions to the model."""
-        from arag.agent.terms import strip_instructions
+        from arag.agent.terms import safe_label, strip_instructions
 
         text = strip_instructions(self.chunk.text)[0]
-        return f"{self.chunk.section}: {text}" if self.chunk.section else text
+        return f"{safe_label(self.chunk.section)}: {text}" if self.chunk.section else text
 
 
 class Draft(BaseModel):

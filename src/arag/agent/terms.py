@@ -172,3 +172,24 @@ def strip_instructions(text: str) -> tuple[str, int]:
     if len(kept) == len(sents):
         return text, 0
     return " ".join(kept), len(sents) - len(kept)
+
+
+WITHHELD_LABEL = "(withheld: it addressed the model)"
+
+
+def clean_label(label: str) -> tuple[str, int]:
+    """A paper title or section name as the LLM may read it, and how many instruction-like sentences
+    were removed. A label comes from the paper (a PDF's first lines, its headings) as much as its text
+    does, and sits in the passage header: it gets the passages' injection filter, is kept on one line
+    (a newline would let it forge the next passage's header) and loses [n] markers."""
+    flat = " ".join(CITE.sub(" ", label).split())
+    text, removed = strip_instructions(flat)
+    text = " ".join(text.split())
+    if removed and not text:
+        return WITHHELD_LABEL, removed
+    return text, removed
+
+
+def safe_label(label: str) -> str:
+    """:func:`clean_label` without the count."""
+    return clean_label(label)[0]

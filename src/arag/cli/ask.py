@@ -178,8 +178,8 @@ def ask_cmd(
     """Answer a question from the library, with numbered sources; the agent's stages show as they run."""
     from arag.agent.graph import validate_question
 
-    validate_question(question)
     settings = load_settings(**llm_overrides(llm, model))
+    validate_question(question, settings.agent.max_question_chars)
     papers = check_papers(settings, paper)
     with open_library(settings) as lib:
         answer = lib.ask(question, papers=papers, on_event=None if as_json else print_stage)
@@ -256,9 +256,9 @@ def chat_cmd(
         _print_history(load_settings(), session)
         return
     sid = validate_session_id(session) if session is not None else new_session_id()
-    if message is not None:
-        validate_question(message)
     settings = load_settings(**llm_overrides(llm, model))
+    if message is not None:
+        validate_question(message, settings.agent.max_question_chars)
     with open_library(settings) as lib:
         if message is not None:
             _turn(lib, sid, message, rewrite)

@@ -287,14 +287,13 @@ def search_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the hits as JSON.")] = False,
 ) -> None:
     """Hybrid search (dense + BM25, fused with RRF), reranked by the cross-encoder."""
+    from arag.agent.graph import validate_question
     from arag.library.manage import load_resolver, open_for_search
     from arag.models.reranker import IdentityReranker
     from arag.records import SearchFilter
     from arag.retrieval.hybrid import HybridRetriever
     from arag.retrieval.pipeline import make_retriever
 
-    if not query.strip():
-        raise InputError("the query is empty", where="arag search", fix="give a question or keywords")
     if limit < 1:
         raise InputError(f"-k must be at least 1, got {limit}", where="-k", fix="ask for 1 or more passages")
     bad = [t for t in chunk_type or [] if t not in ("abstract", "passage", "table")]
@@ -303,6 +302,7 @@ def search_cmd(
             f"unknown chunk type {bad[0]!r}", where="--type", fix="use abstract, passage or table"
         )
     settings = load_settings()
+    query = validate_question(query, settings.agent.max_question_chars, what="query")
     flt = None
     if paper or chunk_type or topic is not None:
         flt = SearchFilter.model_validate(

@@ -24,6 +24,7 @@ def serve_cmd(
     import uvicorn
 
     from arag.service import create_app
+    from arag.service.guard import check_bind
 
     overrides = llm_overrides(llm, model)
     service: dict[str, object] = {}
@@ -35,12 +36,7 @@ def serve_cmd(
         overrides["service"] = service
     settings = load_settings(**overrides)
     s = settings.service
-    if s.host not in ("127.0.0.1", "localhost", "::1") and not settings.service_keys():
-        raise ConfigError(
-            f"refusing to listen on {s.host} without API keys: anyone who reaches it could use it",
-            where="--host",
-            fix="set ARAG_API_KEYS=key1,key2 (and tell clients to send one), or serve on 127.0.0.1",
-        )
+    check_bind(settings)  # before the models load; create_app checks again
     console.print("[dim]loading the library and its models…[/]")
     lib = open_library(settings)  # fails here, with its message, before the port opens
     app = create_app(settings, library=lib)

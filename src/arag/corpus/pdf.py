@@ -33,9 +33,11 @@ from arag.corpus.pdf_layout import (
     _read_page,
     _reading_order,
 )
+from arag.corpus.pdf_worker import PdfParser, serve_parses
 from arag.errors import IngestError
 from arag.index.sparse import STOPWORDS
 from arag.records import Paper, Section, Table
+from arag.settings import PdfSettings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +70,10 @@ class _Para:
 # --------------------------------------------------------------------------- public API
 
 
-def paper_from_pdf(path: Path) -> Paper:
-    """Parse one PDF into a ``Paper``; raises ``IngestError`` when the file cannot be used."""
+def paper_from_pdf(path: Path, *, max_pages: int | None = None) -> Paper:
+    """Parse one PDF into a ``Paper`` in this process; raises ``IngestError`` when the file cannot be
+    used, or has more than ``max_pages`` pages. Files from users go through :func:`papers_from_paths`,
+    which parses in a child process under limits."""
     path = Path(path)
     data = _read_bytes(path)
     # MuPDF opens images and other formats given a .pdf name; a PDF starts with %PDF- in its first KiB.
@@ -90,6 +94,12 @@ def paper_from_pdf(path: Path) -> Paper:
             raise IngestError("the PDF is password-protected", where=str(path), fix="remove the password")
         if doc.page_count == 0:
             raise IngestError("the PDF has no pages", where=str(path), fix="re-export the PDF")
+        if max_pages is not None and doc.page_count > max_pages:
+            raise IngestError(
+                f"the PDF has {doc.page_count:,} pages (at most {max_pages:,})",
+                where=str(path),
+                fix="add the paper without its appendices or scans, or raise ARAG_PDF__MAX_PAGES",
+            )
         if doc.is_repaired and b"%%EOF" not in data[-2048:]:
             # MuPDF salvages what it can of a cut-off file; half a paper is worse than none.
             raise IngestError(
@@ -109,16 +119,25 @@ def paper_from_pdf(path: Path) -> Paper:
             ) from exc
 
 
-def papers_from_paths(paths: Sequence[Path]) -> tuple[list[Paper], list[IngestFailure]]:
-    """Ingest PDFs and folders of PDFs (recursive, sorted); bad files are logged and collected."""
+def papers_from_paths(
+    paths: Sequence[Path], limits: PdfSettings | None = None
+) -> tuple[list[Paper], list[IngestFailure]]:
+    """Ingest PDFs and folders of PDFs (recursive, sorted); bad files are logged and collected. Each
+    file is parsed in a child process under ``limits`` (pages, memory, time; default: the settings'
+    ``pdf`` group): ``arag library add`` and ``POST /ingest`` both come here."""
+    limits = limits if limits is not None else get_settings().pdf
     papers: list[Paper] = []
     failures: list[IngestFailure] = []
-    for file in _expand(paths, failures):
-        try:
-            papers.append(paper_from_pdf(file))
-        except IngestError as exc:
-            failures.append(IngestFailure(path=str(file), reason=str(exc)))
-            log.warning("skipping %s: %s", file, exc)
+    files = _expand(paths, failures)
+    if not files:
+        return papers, failures
+    with PdfParser(limits) as parser:
+        for file in files:
+            try:
+                papers.append(parser.parse(file))
+            except IngestError as exc:
+                failures.append(IngestFailure(path=str(file), reason=str(exc)))
+                log.warning("skipping %s: %s", file, exc)
     return papers, failures
 
 
@@ -435,3 +454,9 @@ def _year(creation_date: str) -> int | None:
     m = re.match(r"(?:D:)?(\d{4})", creation_date)
     year = int(m.group(1)) if m else None
     return year if year is not None and 1900 <= year <= 2100 else None
+
+
+if __name__ == "__main__":  # the child process of PdfParser
+    import sys
+
+    serve_parses(paper_from_pdf, int(sys.argv[1]), int(sys.argv[2]))

@@ -61,7 +61,7 @@ def add_pdfs(
             where="arag library add",
             fix="check the paths (a PDF file or a folder of PDFs)",
         )
-    papers, failures = papers_from_paths(list(paths))
+    papers, failures = papers_from_paths(list(paths), settings.pdf)
     prior = [Failure(key=f.path, source="pdf", reason=f.reason) for f in failures]
     with LibraryBuilder(settings, embedder=embedder, store=store) as builder:
         return builder.index_papers(papers, progress=progress, prior_failures=prior)

@@ -161,7 +161,7 @@ def rebuild_library(
             paper_ids=settings.corpus.paper_ids,
         )
         prior = [Failure(key=e.where or "qasper", source="qasper", reason=e.what) for e in corpus_failures]
-        pdf_papers, pdf_failures = papers_from_sources(added, files)
+        pdf_papers, pdf_failures = papers_from_sources(added, files, settings.pdf)
         taken = {p.id for p in papers}
         papers += [p for p in pdf_papers if p.id not in taken]
         prior += pdf_failures

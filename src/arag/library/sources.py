@@ -17,7 +17,7 @@ from pathlib import Path
 
 from arag.library.state import Failure, PaperRow
 from arag.records import Paper
-from arag.settings import Settings
+from arag.settings import PdfSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def locate_sources(settings: Settings, rows: Sequence[PaperRow]) -> tuple[dict[s
 
 
 def papers_from_sources(
-    rows: Sequence[PaperRow], files: dict[str, Path]
+    rows: Sequence[PaperRow], files: dict[str, Path], limits: PdfSettings
 ) -> tuple[list[Paper], list[Failure]]:
     """Parse the added papers again from their files, under the ids and paths they were added with."""
     from arag.corpus.pdf import papers_from_paths
@@ -86,7 +86,7 @@ def papers_from_sources(
     by_id = {r.id: r for r in rows}
     paths = [files[pid] for pid in sorted(files)]
     owner = {str(path): pid for pid, path in files.items()}
-    parsed, failed = papers_from_paths(paths)
+    parsed, failed = papers_from_paths(paths, limits)
     papers = []
     for p in parsed:
         row = by_id[owner[str(p.source_path)]]

@@ -9,6 +9,7 @@ is searched, because scoping to the wrong paper guarantees a wrong answer.
 from __future__ import annotations
 
 import difflib
+import itertools
 import math
 import re
 from collections import defaultdict
@@ -27,6 +28,8 @@ _NON_ALNUM = re.compile(r"[^0-9a-z]+")
 MIN_PART_SHARE = 0.65
 MIN_PART_TOKENS = 3
 MIN_QUOTED_RATIO = 0.9
+# Quoted strings of one question compared with the titles (each costs a fuzzy match per title).
+MAX_QUOTED = 8
 _STOP = frozenset(
     "a an the of for and or in on to with by from via at as is are be using towards toward into "
     "its their our we do does what which how".split()
@@ -75,6 +78,19 @@ class PaperRef(BaseModel):
         return rest or question
 
 
+class _Node:
+    """A trie node: the one title holding the token path that leads here, or ``SHARED``."""
+
+    __slots__ = ("children", "owner")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node] = {}
+        self.owner: str | None = None
+
+
+SHARED = "\0shared"
+
+
 class PaperResolver:
     """Resolves questions against the library's (paper id, title) pairs."""
 
@@ -90,13 +106,17 @@ class PaperResolver:
                 df[tok] += 1
         total = max(1, len(self._norm))
         self._idf = {t: math.log(1 + total / c) for t, c in df.items()}
-        # Every contiguous span of every title, for exact lookup of the question's spans.
-        self._spans: dict[tuple[str, ...], set[str]] = defaultdict(set)
+        # Every contiguous span of every title, as a trie of token paths from each title position: the
+        # longest title span starting at a question token is found in at most (longest title) steps,
+        # so title-part resolution is linear in the question's length, not cubic.
+        self._trie = _Node()
         for pid, n in self._norm.items():
-            toks = tuple(n.split())
+            toks = n.split()
             for i in range(len(toks)):
-                for j in range(i + 1, len(toks) + 1):
-                    self._spans[toks[i:j]].add(pid)
+                node = self._trie
+                for tok in toks[i:]:
+                    node = node.children.setdefault(tok, _Node())
+                    node.owner = pid if node.owner in (None, pid) else SHARED
 
     def _mass(self, toks: Sequence[str]) -> float:
         return sum(self._idf.get(t, 0.0) for t in toks if t not in _STOP)
@@ -109,7 +129,7 @@ class PaperResolver:
                 return PaperRef(
                     paper_id=pid, title=self.titles[pid], method="arxiv-id", score=1.0, matched=m.group(0)
                 )
-        for m in _QUOTED.finditer(question):
+        for m in itertools.islice(_QUOTED.finditer(question), MAX_QUOTED):
             ref = self._quoted(m.group(1))
             if ref:
                 return ref
@@ -164,23 +184,23 @@ class PaperResolver:
         best: tuple[float, str, tuple[str, ...]] | None = None
         ambiguous = False
         for i in range(len(toks)):
-            for j in range(len(toks), i + MIN_PART_TOKENS - 1, -1):
-                span = tuple(toks[i:j])
-                owners = self._spans.get(span)
-                if not owners:
-                    continue
-                if len(owners) > 1:
-                    break  # a shared span is not distinctive; shorter ones from i are shared too
-                (pid,) = owners
-                title_mass = self._mass(self._norm[pid].split())
-                share = self._mass(span) / title_mass if title_mass else 0.0
-                if share >= MIN_PART_SHARE:
-                    if best is None or share > best[0]:
-                        ambiguous = best is not None and best[1] != pid and share - best[0] < 0.1
-                        best = (share, pid, span)
-                    elif best[1] != pid and best[0] - share < 0.1:
-                        ambiguous = True
-                break  # the longest span from i decides
+            # The longest span from i found in a title decides (spans of titles are closed under
+            # prefixes, so walking the trie until it ends finds it).
+            node, j = self._trie, i
+            while j < len(toks) and (child := node.children.get(toks[j])) is not None:
+                node, j = child, j + 1
+            pid = node.owner
+            if j - i < MIN_PART_TOKENS or pid is None or pid == SHARED:
+                continue  # too short, or shared: not distinctive (shorter ones from i are shared too)
+            span = tuple(toks[i:j])
+            title_mass = self._mass(self._norm[pid].split())
+            share = self._mass(span) / title_mass if title_mass else 0.0
+            if share >= MIN_PART_SHARE:
+                if best is None or share > best[0]:
+                    ambiguous = best is not None and best[1] != pid and share - best[0] < 0.1
+                    best = (share, pid, span)
+                elif best[1] != pid and best[0] - share < 0.1:
+                    ambiguous = True
         if best is None or ambiguous:
             return None
         share, pid, span = best

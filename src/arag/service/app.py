@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from arag import __version__
 from arag.api import Library
 from arag.errors import AragError, StoreError
+from arag.service.guard import PAGE_HEADERS, BodyTooLarge, Policy, RequestGuard, check_bind, error_response
 from arag.service.jobs import Jobs
 from arag.service.runner import WorkPool
 from arag.service.schemas import ErrorBody
@@ -63,14 +64,6 @@ class Service:
         return self.jobs
 
 
-def error_response(exc: AragError, request_id: str | None) -> JSONResponse:
-    body = ErrorBody(
-        error=exc.what, where=exc.where, fix=exc.fix, status=exc.http_status, request_id=request_id
-    )
-    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
-    return JSONResponse(body.model_dump(), status_code=exc.http_status, headers=headers)
-
-
 def _validation_message(exc: RequestValidationError) -> tuple[str, str]:
     """One line per invalid field: 'body.question: String should have at least 1 character'."""
     parts, wheres = [], []
@@ -83,13 +76,19 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str]:
 
 def create_app(settings: Settings | None = None, *, library: Library | None = None) -> FastAPI:
     """The app. ``library``: serve this open library (tests, benchmarks) instead of opening the
-    configured one at start-up; the app then leaves it open at shutdown."""
+    configured one at start-up; the app then leaves it open at shutdown. A ConfigError when the
+    settings would serve beyond loopback without API keys, or name a key under 32 characters."""
     settings = settings if settings is not None else get_settings()
+    check_bind(settings)
     svc = Service(
         settings=settings,
         pool=WorkPool(settings.service.workers, settings.service.queue_size),
         search_pool=WorkPool(settings.service.search_workers, settings.service.queue_size),
-        guard=KeyGuard(settings.service_keys(), RateLimiter(settings.service.rate_limit_per_minute)),
+        guard=KeyGuard(
+            settings.service_keys(),
+            RateLimiter(settings.service.rate_limit_per_minute),
+            RateLimiter(settings.service.key_failures_per_minute),
+        ),
     )
 
     @asynccontextmanager
@@ -133,6 +132,8 @@ def create_app(settings: Settings | None = None, *, library: Library | None = No
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "X-API-Key", "Content-Type", "X-Request-ID"],
         )
+    # Inside the request-id middleware (added next, so outside this one): refusals carry the id.
+    app.add_middleware(RequestGuard, policy=Policy.of(settings))
 
     @app.middleware("http")
     async def request_id(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -168,6 +169,8 @@ def create_app(settings: Settings | None = None, *, library: Library | None = No
             404: "see /docs for the API's routes and methods",
             405: "see /docs for the API's routes and methods",
         }
+        if isinstance(exc, BodyTooLarge):
+            return error_response(exc.error, getattr(request.state, "request_id", None))
         fix = fixes.get(exc.status_code)
         body = ErrorBody(
             error=str(exc.detail),
@@ -197,7 +200,7 @@ def create_app(settings: Settings | None = None, *, library: Library | None = No
 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
-        return FileResponse(WEB_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+        return FileResponse(WEB_DIR / "index.html", headers={"Cache-Control": "no-cache", **PAGE_HEADERS})
 
     app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
     _offline_docs(app)

@@ -16,8 +16,9 @@ from pydantic import BaseModel
 from arag import __version__
 from arag.agent.graph import validate_question
 from arag.agent.hooks import RunHooks
-from arag.errors import AragError, Cancelled, InputError, TooLargeError
+from arag.errors import AragError, Cancelled, InputError
 from arag.records import Answer, NodeEvent
+from arag.service.guard import BodyTooLarge
 from arag.service.jobs import check_upload, parse_arxiv_ids
 from arag.service.schemas import (
     ChatRequest,
@@ -206,7 +207,7 @@ async def query_stream(body: QueryRequest, request: Request) -> StreamingRespons
     lib = svc.lib()
     rid: str = request.state.request_id
     # Bad input and a full queue answer with a status code, before the stream starts.
-    validate_question(body.question)
+    validate_question(body.question, svc.settings.agent.max_question_chars)
     lib.check_papers(body.papers)
     svc.pool.admit_stream()
     loop = asyncio.get_running_loop()
@@ -339,11 +340,7 @@ async def ingest(request: Request) -> IngestJob:
     jobs = svc.ingest()
     limits = svc.settings.service
     max_bytes = int(limits.max_upload_mb * 1e6)
-    length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > max_bytes * limits.max_upload_files + 1_000_000:
-        raise TooLargeError(
-            f"the request is {int(length) / 1e6:.0f} MB", where="body", fix="upload fewer or smaller PDFs"
-        )
+    # The body as a whole is capped as it streams (service.guard); each file is checked here.
     ctype = request.headers.get("content-type", "")
     if not ctype.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
         raise InputError(
@@ -353,6 +350,8 @@ async def ingest(request: Request) -> IngestJob:
         )
     try:
         form = await request.form(max_files=limits.max_upload_files, max_fields=4, max_part_size=64_000)
+    except BodyTooLarge:
+        raise  # over the route's limit as it streamed: 413
     except Exception as exc:  # python-multipart / starlette parse errors: a bad request, not a 500
         raise InputError(
             f"unreadable form: {exc}", where="body", fix="send a multipart/form-data body"

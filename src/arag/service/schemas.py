@@ -8,13 +8,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from arag.agent.graph import MAX_QUESTION_CHARS
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.library.build import BuildSummary
 from arag.library.state import Failure, PaperRow
 from arag.llm.process import ProcessInfo
 from arag.records import Answer, NodeEvent
 from arag.retrieval.pipeline import SearchResult, found_by
+from arag.settings import QUESTION_CHARS_CEILING as MAX_QUESTION_CHARS
 
 MAX_PAPERS = 50
 

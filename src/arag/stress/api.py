@@ -22,13 +22,17 @@ from pydantic import BaseModel
 from arag.errors import ConfigError
 from arag.stress.common import cli_command, cli_env, make_workdir, quiet, tail
 from arag.stress.fuzz import FuzzReport, run_fuzz
+from arag.stress.hardening import HardeningReport, run_hardening
 from arag.stress.load import LoadReport, run_load
+
+UPLOAD_MB = 5.0
 
 
 class ApiStressReport(BaseModel):
     library: str
     papers: int
     fuzz: FuzzReport | None
+    hardening: HardeningReport | None = None
     load: LoadReport | None
     llm: str
     passed: bool
@@ -107,13 +111,22 @@ def run_api_stress(
         rerank = {}
     n_papers = 0
     echo("fuzzing the API (extractive answers)")
-    with serving(library, port, work / "serve-fuzz.log", ARAG_LLM__PROVIDER="extractive", **rerank) as url:
+    # Upload limits small enough that the hardening's chunked upload passes them quickly.
+    upload = {"ARAG_SERVICE__MAX_UPLOAD_MB": str(UPLOAD_MB), "ARAG_SERVICE__MAX_UPLOAD_FILES": "2"}
+    with serving(
+        library, port, work / "serve-fuzz.log", ARAG_LLM__PROVIDER="extractive", **upload, **rerank
+    ) as url:
         n_papers = httpx.get(f"{url}/papers", params={"limit": 1}).json()["total"]
         fuzz = run_fuzz(url, max_examples=fuzz_examples, answer_examples=max(5, fuzz_examples // 5))
+        echo("hostile requests: oversized bodies, foreign Origin and Host, a 100k-character query, PDF bombs")
+        hardening = run_hardening(
+            url, data_dir=library, ingest_limit_bytes=int(UPLOAD_MB * 1e6) * 2 + 1_000_000, echo=echo
+        )
     if not fuzz.passed:
         problems.append(
             f"fuzzing: {fuzz.server_errors} server errors, {fuzz.schema_violations} schema violations"
         )
+    problems += [f"hardening: {p}" for p in hardening.problems]
     # Every answer generated for real: repeated questions would otherwise come from the LLM cache.
     env = {**rerank, "ARAG_LLM__CACHE": "false"}
     if llm:
@@ -132,6 +145,7 @@ def run_api_stress(
         library=str(library),
         papers=n_papers,
         fuzz=fuzz,
+        hardening=hardening,
         load=load,
         llm=llm_name,
         passed=not problems,

@@ -1,13 +1,15 @@
 """Bad-PDF ingestion: ``arag library add`` on a folder of broken files beside good ones.
 
-The six kinds and what ``arag.corpus.pdf`` does with each today:
+The seven kinds and what ``arag.corpus.pdf`` does with each today:
 
 - ``corrupt``: a real PDF garbled in the middle and cut off: rejected as truncated.
 - ``zero-bytes``: rejected as empty.
 - ``encrypted``: a real PDF saved with a user password (AES-256): rejected as password-protected.
 - ``image-only``: one page holding only an image: rejected as having no extractable text.
-- ``noise``: 500 pages of random words: rejected as text that does not read as prose (pdf.py counts
+- ``noise``: 250 pages of random words: rejected as text that does not read as prose (pdf.py counts
   common English words).
+- ``page-bomb``: 1,000 pages of one line each (374 kB): rejected over the page cap (ARAG_PDF__MAX_PAGES,
+  300), in the parser's child process.
 - ``not-a-pdf``: a PNG image named ``.pdf``: rejected as not a PDF (no ``%PDF-`` signature; MuPDF
   alone would open it as a one-page image).
 """
@@ -26,6 +28,7 @@ import pymupdf
 from pydantic import BaseModel
 
 from arag.settings import find_shared_dir
+from arag.stress.bombs import page_bomb
 from arag.stress.common import (
     Echo,
     cli_command,
@@ -38,8 +41,9 @@ from arag.stress.common import (
 )
 from arag.stress.crash import check_consistency
 
-BAD_KINDS = ("corrupt", "zero-bytes", "encrypted", "image-only", "noise", "not-a-pdf")
-NOISE_PAGES = 500
+BAD_KINDS = ("corrupt", "zero-bytes", "encrypted", "image-only", "noise", "page-bomb", "not-a-pdf")
+NOISE_PAGES = 250  # under the page cap: the prose check is what is tested
+BOMB_PAGES = 1_000
 
 # What each kind should come to, and words its reason must hold. "strict": a reason without them is a
 # failure; otherwise it is only noted (see not-a-pdf in the module docstring).
@@ -49,6 +53,7 @@ _EXPECTED: dict[str, tuple[Literal["rejected", "ingested"], str, bool]] = {
     "encrypted": ("rejected", r"password", True),
     "image-only": ("rejected", r"no extractable text", True),
     "noise": ("rejected", r"does not read as prose", True),
+    "page-bomb": ("rejected", r"pages \(at most \d[\d,]*\)", True),
     "not-a-pdf": ("rejected", r"not a (readable )?PDF", True),
 }
 
@@ -117,6 +122,8 @@ def make_bad_pdfs(directory: Path, *, seed: int = 0) -> dict[str, Path]:
 
     out["noise"] = directory / f"noise-{NOISE_PAGES}-pages.pdf"
     _noise_pdf(out["noise"], NOISE_PAGES, seed)
+
+    out["page-bomb"] = page_bomb(directory / f"page-bomb-{BOMB_PAGES}-pages.pdf", BOMB_PAGES)
 
     out["not-a-pdf"] = directory / "not-a-pdf.pdf"
     out["not-a-pdf"].write_bytes(_png())

@@ -266,8 +266,10 @@ def api_cmd(
     workdir: Workdir = None,
     json_out: JsonOut = None,
 ) -> None:
-    """Fuzz every route from the OpenAPI spec (0 server errors, 0 schema violations), then N clients
-    mixing /query, /query/stream and /search (0 errors; /health p95 under 50 ms throughout)."""
+    """Fuzz every route from the OpenAPI spec (0 server errors, 0 schema violations), send hostile
+    requests (oversized bodies, foreign Origin and Host, a 100k-character query, PDF bombs: each
+    refused in time), then N clients mixing /query, /query/stream and /search (0 errors; /health
+    p95 under 50 ms throughout)."""
     from arag.stress.api import run_api_stress
 
     r = run_api_stress(
@@ -292,6 +294,14 @@ def api_cmd(
             f"{f.server_errors} server errors, {f.schema_violations} schema violations, "
             f"{f.transport_errors} transport errors; "
             f"ready after: {f.ready_after}",
+        )
+    if r.hardening is not None:
+        for c in r.hardening.cases:
+            mark = "ok" if c.passed else "FAIL"
+            table.add_row(f"  {c.name}", f"{mark}: {c.got} in {c.seconds:.2f} s; {c.detail}".rstrip("; "))
+        table.add_row(
+            "hardening",
+            f"ready after: {r.hardening.healthy_after}; library unchanged: {r.hardening.papers_unchanged}",
         )
     if r.load is not None:
         ld = r.load

@@ -91,13 +91,30 @@ class ApiError extends Error {
   }
 }
 
-let memoryKey = ""; // where localStorage is unavailable, the key lasts until the page closes
+let memoryKey = ""; // where storage is unavailable, the key lasts until the page closes
+
+// The key stays in this tab (sessionStorage) unless the user ticks "Remember" (localStorage): any
+// script of this origin can read localStorage, for as long as the browser keeps it.
+function storedKey(store) {
+  try {
+    return store.getItem(KEY_STORE) || "";
+  } catch {
+    return "";
+  }
+}
 
 function apiKey() {
+  return storedKey(window.localStorage) || storedKey(window.sessionStorage) || memoryKey;
+}
+
+function saveKey(key, remember) {
+  memoryKey = key;
   try {
-    return localStorage.getItem(KEY_STORE) || "";
+    for (const store of [window.localStorage, window.sessionStorage]) store.removeItem(KEY_STORE);
+    if (key) (remember ? window.localStorage : window.sessionStorage).setItem(KEY_STORE, key);
+    return true;
   } catch {
-    return memoryKey;
+    return false; // storage disabled (private mode, policy)
   }
 }
 
@@ -263,23 +280,25 @@ function showKeyState() {
 
 function initKey() {
   const input = $("#api-key");
+  const remember = $("#api-key-remember");
   input.value = apiKey();
+  remember.checked = Boolean(storedKey(window.localStorage));
   showKeyState();
   let timer = null;
-  input.addEventListener("input", () => {
-    clearTimeout(timer);
-    timer = setTimeout(loadSystem, 600); // the models and figures, now that the key may let us in
-    memoryKey = input.value.trim();
-    try {
-      if (input.value.trim()) localStorage.setItem(KEY_STORE, input.value.trim());
-      else localStorage.removeItem(KEY_STORE);
-    } catch {
-      // storage disabled (private mode, policy): say so rather than pretend it is kept
+  const save = () => {
+    if (!saveKey(input.value.trim(), remember.checked)) {
+      // say so rather than pretend it is kept
       $("#api-key-hint").textContent =
         "This browser does not allow storing the key: it lasts until the page closes.";
     }
     showKeyState();
+  };
+  input.addEventListener("input", () => {
+    clearTimeout(timer);
+    timer = setTimeout(loadSystem, 600); // the models and figures, now that the key may let us in
+    save();
   });
+  remember.addEventListener("change", save);
   $("#key-form").addEventListener("submit", (e) => e.preventDefault());
   $("#api-key-clear").addEventListener("click", () => {
     input.value = "";
