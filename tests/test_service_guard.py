@@ -326,8 +326,9 @@ def test_the_page_has_a_strict_policy_and_nothing_is_sniffed(client: TestClient)
 def test_an_uploaded_pdf_bomb_fails_its_job_with_the_reason(
     library: Library, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("ARAG_PDF__MAX_PAGES", "5")
-    monkeypatch.setenv("ARAG_PDF__PARSE_MEMORY_MB", "64")
+    # The library parses uploads under its own settings' limits.
+    pdf = library.settings.pdf.model_copy(update={"max_pages": 5, "parse_memory_mb": 64})
+    monkeypatch.setattr(library, "settings", library.settings.model_copy(update={"pdf": pdf}))
     pages = page_bomb(tmp_path / "pages.pdf", 6).read_bytes()
     inflated = inflation_bomb(tmp_path / "inflated.pdf", 5).read_bytes()
     with TestClient(create_app(library.settings, library=library), base_url=LOCAL) as c:
