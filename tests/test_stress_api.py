@@ -110,7 +110,9 @@ def test_hostile_requests_are_refused_in_time(library: Library, monkeypatch: pyt
     """The hardening cases `arag stress api` runs: each refused with its status, in time, and the
     server still ready with its library unchanged (the PDF parser's memory limit is lowered for a
     small bomb; `arag stress api` sends a 100 MB one to the defaults)."""
-    monkeypatch.setenv("ARAG_PDF__PARSE_MEMORY_MB", "64")
+    # The library parses uploads under its own settings' limits.
+    pdf = library.settings.pdf.model_copy(update={"parse_memory_mb": 64})
+    monkeypatch.setattr(library, "settings", library.settings.model_copy(update={"pdf": pdf}))
     s = library.settings
     settings = s.model_copy(
         update={"service": s.service.model_copy(update={"max_upload_mb": 1.0, "max_upload_files": 2})}
