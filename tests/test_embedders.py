@@ -30,7 +30,7 @@ from arag.models.embedder import (
 )
 from arag.models.hash_embedder import HashEmbedder, word_features
 from arag.models.onnx_minilm import MODEL_ID, OnnxMiniLMEmbedder, verify_model_file
-from arag.models.openai_compat import OpenAICompatEmbedder, backoff_delay
+from arag.models.openai_embedder import OpenAICompatEmbedder, backoff_delay
 from arag.settings import EmbeddingSettings
 
 # ---------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from arag.llm.gguf import (
     resolve_model_path,
 )
 from arag.llm.local import LocalLLM, VocabTokenizer
-from arag.llm.openai_compat import OpenAICompatLLM, estimate_tokens
+from arag.llm.openai_chat import OpenAICompatLLM, estimate_tokens
 from arag.settings import LLMSettings, Settings, get_settings
 
 # ---------------------------------------------------------------------------------------------

@@ -298,7 +298,7 @@ def test_retriever_expands_but_reranks_the_question(lib: Settings) -> None:
 def test_eval_retrieval_strategy_rows(
     lib: Settings, shared_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import arag.eval.cli as eval_cli
+    import arag.cli.eval as eval_cli
     from arag.cli.main import app
     from arag.library.manage import list_papers
 

@@ -35,7 +35,7 @@ from arag.llm.scripted import ScriptedLLM
 from arag.models.reranker import CARD_FILE, MODEL_FILE, ModelCard, OnnxReranker, file_sha256
 from arag.settings import Settings, get_settings
 from arag.train.reranker import TrainConfig
-from arag.train.support import (
+from arag.train.support_pipeline import (
     SupportExample,
     SupportPair,
     answer_text,

@@ -34,12 +34,12 @@ app.add_typer(library_app, name="library")
 
 
 def _register_subapps() -> None:
-    from arag.bench.cli import bench_app
     from arag.cli.ask import register as register_ask
+    from arag.cli.bench import bench_app
     from arag.cli.corpus import corpus_app
+    from arag.cli.eval import eval_app
     from arag.cli.llm import llm_app
     from arag.cli.train import train_app
-    from arag.eval.cli import eval_app
 
     register_ask(app)
     from arag.cli.mcp import register as register_mcp
@@ -47,7 +47,7 @@ def _register_subapps() -> None:
 
     app.command("serve")(serve_cmd)
     register_mcp(app)
-    from arag.stress.cli import stress_app
+    from arag.cli.stress import stress_app
 
     app.add_typer(stress_app, name="stress", help="Reliability tests that print their figures (make stress).")
     app.add_typer(

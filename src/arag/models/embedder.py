@@ -305,7 +305,7 @@ def get_embedder(settings: EmbeddingSettings, cache_path: Path | None = None) ->
 
             return SentenceTransformerEmbedder(settings, cache=cache)
         if provider == "openai":
-            from arag.models.openai_compat import OpenAICompatEmbedder
+            from arag.models.openai_embedder import OpenAICompatEmbedder
 
             return OpenAICompatEmbedder(settings, cache=cache)
         if provider == "hash":

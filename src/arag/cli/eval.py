@@ -228,4 +228,4 @@ def eval_anchors(
         )
 
 
-from arag.eval import answers_cli as _answers_cli  # noqa: E402,F401
+from arag.cli import eval_answers as _answers_cli  # noqa: E402,F401

@@ -40,7 +40,8 @@ from arag.records import SearchFilter
 from arag.retrieval.hybrid import HybridRetriever
 from arag.settings import Settings
 from arag.train.data import _PAPER_CHUNKS, MinedQuestion, cache_key, cached, mine_question
-from arag.train.pipeline import (
+from arag.train.reranker import BASE_MODEL, TrainConfig, export_variants, require_torch, train_net
+from arag.train.reranker_pipeline import (
     ProgressFactory,
     _in_library,
     _library_key,
@@ -48,7 +49,6 @@ from arag.train.pipeline import (
     check_export,
     install_model,
 )
-from arag.train.reranker import BASE_MODEL, TrainConfig, export_variants, require_torch, train_net
 
 SUPPORT_FORMAT = 1
 WHERE = "arag train support"

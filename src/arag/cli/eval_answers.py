@@ -13,8 +13,8 @@ import typer
 from rich.table import Table
 
 from arag.cli.common import build_progress, console, handle_errors, load_settings
+from arag.cli.eval import eval_app
 from arag.errors import AragError, InputError
-from arag.eval.cli import eval_app
 from arag.records import Answer, SearchFilter
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ import httpx
 
 from arag.errors import ConfigError, ModelError, NetworkError
 from arag.llm.base import ChatMessage, Completion
-from arag.models.openai_compat import backoff_delay
+from arag.models.openai_embedder import backoff_delay
 from arag.settings import LLMSettings
 
 log = logging.getLogger(__name__)
