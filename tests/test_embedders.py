@@ -24,10 +24,10 @@ from arag.models.embedder import (
     EmbeddingCache,
     NullCache,
     cache_key,
-    get_embedder,
     l2_normalize,
     mean_pool,
 )
+from arag.models.factory import get_embedder
 from arag.models.hash_embedder import HashEmbedder, word_features
 from arag.models.onnx_minilm import MODEL_ID, OnnxMiniLMEmbedder, verify_model_file
 from arag.models.openai_embedder import OpenAICompatEmbedder, backoff_delay

@@ -49,7 +49,7 @@ def run_retrieval_bench(settings: Settings, questions: Sequence[str], *, warmup:
     """Time each stage over ``questions`` (medians), then whole searches and a cold start."""
     from arag.index.factory import open_store
     from arag.library.manage import open_for_search
-    from arag.models.embedder import get_embedder
+    from arag.models.factory import get_embedder
     from arag.models.reranker import get_reranker, pair_text
     from arag.retrieval.pipeline import make_retriever
 

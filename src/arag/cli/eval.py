@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from arag.cli.common import build_progress, console, handle_errors, load_settings
+from arag.cli.eval_answers import register as register_answers
 from arag.errors import InputError
 from arag.records import ScoredChunk, SearchFilter
 from arag.settings import Settings
@@ -228,4 +229,4 @@ def eval_anchors(
         )
 
 
-from arag.cli import eval_answers as _answers_cli  # noqa: E402,F401
+register_answers(eval_app)

@@ -13,7 +13,6 @@ import typer
 from rich.table import Table
 
 from arag.cli.common import build_progress, console, handle_errors, load_settings
-from arag.cli.eval import eval_app
 from arag.errors import AragError, InputError
 from arag.records import Answer, SearchFilter
 
@@ -26,6 +25,11 @@ CONFIGS = ("naive", "extractive", "full", "no-verifier", "one-pass")
 NEEDS_LLM = frozenset({"naive", "full", "no-verifier", "one-pass"})
 PROVIDERS = ("llama-cpp", "openai", "extractive")
 Runner = Callable[[str, SearchFilter | None], Answer]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``answers`` to the ``arag eval`` group."""
+    app.command("answers")(eval_answers)
 
 
 def _make_llm(settings: Settings) -> LLM | None:
@@ -124,7 +128,6 @@ def print_reports(reports: list[ConfigReport]) -> None:
     console.print(failures)
 
 
-@eval_app.command("answers")
 @handle_errors
 def eval_answers(
     questions: Annotated[

@@ -22,7 +22,6 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from arag import __version__
 from arag.corpus.manifest import (
     HAND_PICKED_TOPIC,
     GateCounts,
@@ -36,6 +35,7 @@ from arag.corpus.manifest import (
 )
 from arag.errors import AragError, InputError, NetworkError
 from arag.settings import ArxivSettings
+from arag.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,8 @@ from arag.ingest.chunker import chunk_paper
 from arag.library.sources import keep_sources
 from arag.library.state import Failure, LibraryState, PaperRow
 from arag.library.topics import assign_nearest, kmeans, label_clusters
-from arag.models.embedder import BaseEmbedder, get_embedder
+from arag.models.embedder import BaseEmbedder
+from arag.models.factory import get_embedder
 from arag.records import Chunk, Paper
 from arag.settings import Settings
 

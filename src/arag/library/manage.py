@@ -136,7 +136,7 @@ def list_papers(settings: Settings, *, topic: int | None = None) -> list[PaperRo
 def open_for_search(settings: Settings) -> tuple[Store, BaseEmbedder]:
     """The built library's store and the embedder it was built with; a clear error if none."""
     from arag.index.factory import open_store
-    from arag.models.embedder import get_embedder
+    from arag.models.factory import get_embedder
 
     state = LibraryState(settings.state_db)
     try:
