@@ -22,7 +22,7 @@ from arag.models.reranker import (
 )
 from arag.records import Chunk, ScoredChunk
 from arag.retrieval.hybrid import HybridRetriever
-from arag.retrieval.pipeline import SEARCHES, found_by, make_retriever
+from arag.retrieval.pipeline import SEARCHES, found_by, make_reranking_retriever
 from arag.retrieval.rerank import RerankStage, floor_canonical, select_kept
 from arag.settings import RerankSettings, Settings, get_settings
 from arag.train.calibrate import calibrate_bars, kept_f1, rank_metrics, reranked_order, score_histogram
@@ -424,7 +424,7 @@ def test_retriever_with_the_identity_keeps_the_fused_order(lib: Settings) -> Non
     store, embedder = open_for_search(lib)
     try:
         hybrid = HybridRetriever(store, embedder, lib.retrieval)
-        retriever = make_retriever(lib, store, hybrid, IdentityReranker())
+        retriever = make_reranking_retriever(lib, store, hybrid, IdentityReranker())
         r = retriever.search("ontology semantic parser grammar Wikipedia")
     finally:
         store.close()
@@ -454,7 +454,7 @@ def test_search_many_concurrent_equals_sequential(lib: Settings) -> None:
     store, embedder = open_for_search(lib)
     try:
         hybrid = HybridRetriever(store, embedder, lib.retrieval)
-        retriever = make_retriever(lib, store, hybrid, IdentityReranker())
+        retriever = make_reranking_retriever(lib, store, hybrid, IdentityReranker())
         queries = [
             "ontology learning from text",
             "semantic parser grammar induction",
@@ -472,13 +472,13 @@ def test_search_many_concurrent_equals_sequential(lib: Settings) -> None:
         assert len(a.kept) <= 8 and set(a.timings) == {"search", "rerank"}
 
 
-def test_make_retriever_uses_the_configured_reranker_and_mmr_vectors(lib: Settings) -> None:
+def test_make_reranking_retriever_uses_the_configured_reranker_and_mmr_vectors(lib: Settings) -> None:
     store, embedder = open_for_search(lib)
     try:
         hybrid = HybridRetriever(store, embedder, lib.retrieval)
-        assert isinstance(make_retriever(lib, store, hybrid).stage.reranker, IdentityReranker)
+        assert isinstance(make_reranking_retriever(lib, store, hybrid).stage.reranker, IdentityReranker)
         mmr = lib.model_copy(update={"rerank": lib.rerank.model_copy(update={"mmr": True})})
-        r = make_retriever(mmr, store, hybrid, FusedOrderReranker()).search(
+        r = make_reranking_retriever(mmr, store, hybrid, FusedOrderReranker()).search(
             "ontology semantic parser grammar Wikipedia"
         )
     finally:

@@ -18,7 +18,7 @@ from arag.llm.scripted import ScriptedLLM
 from arag.models.reranker import Bars, IdentityReranker
 from arag.retrieval.fusion import fuse_chunks
 from arag.retrieval.hybrid import HybridRetriever
-from arag.retrieval.pipeline import make_retriever
+from arag.retrieval.pipeline import make_reranking_retriever
 from arag.retrieval.strategies import (
     HYDE_SYSTEM,
     MULTI_QUERY_SYSTEM,
@@ -278,14 +278,14 @@ def test_retriever_expands_but_reranks_the_question(lib: Settings) -> None:
         mq = _with_strategy(lib, "multi-query")
         model = RecordingReranker()
         llm = ScriptedLLM(default=json.dumps({"queries": VARIANTS}))
-        retriever = make_retriever(mq, store, hybrid, model, llm)
+        retriever = make_reranking_retriever(mq, store, hybrid, model, llm)
         one = retriever.search(question)
         many = retriever.search_many([question, TOPICAL])
         hy = _with_strategy(lib, "hyde")
-        hyde = make_retriever(hy, store, hybrid, model, ScriptedLLM(default="A passage on datasets."))
+        hyde = make_reranking_retriever(hy, store, hybrid, model, ScriptedLLM(default="A passage on datasets."))
         passage = hyde.search(question)
         with pytest.raises(ConfigError, match="the hyde retrieval strategy needs an LLM"):
-            make_retriever(hy, store, hybrid, IdentityReranker())
+            make_reranking_retriever(hy, store, hybrid, IdentityReranker())
     finally:
         store.close()
     assert model.queries == [question, question, TOPICAL, question]

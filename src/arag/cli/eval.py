@@ -65,8 +65,7 @@ def eval_retrieval(
         questions_in_library,
     )
     from arag.index.sparse import BM25Encoder
-    from arag.library.manage import list_papers, load_resolver, open_for_search
-    from arag.retrieval.hybrid import HybridRetriever
+    from arag.library.manage import list_papers, open_retrieval
 
     if scope not in ("library", "paper", "both"):
         raise InputError(f"unknown scope {scope!r}", where="--scope", fix="use library, paper or both")
@@ -104,28 +103,25 @@ def eval_retrieval(
         )
     qs = qs[:limit] if limit is not None else qs
     skipped = count_skipped(qpath) if limit is None else 0
-    store, embedder = open_for_search(settings)
-    retriever = HybridRetriever(store, embedder, settings.retrieval)
-    resolving = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
+    retrieval = open_retrieval(settings)
+    store, embedder = retrieval.store, retrieval.embedder
+    retriever, resolving = retrieval.plain, retrieval.hybrid
     bm25 = BM25Encoder()
     depth = max(20, settings.retrieval.fused_k)
     reranking = {}
     if any(m.startswith("+rerank") or m in STRATEGY_METHODS for m in chosen):
         from arag.models.reranker import get_reranker
-        from arag.retrieval.pipeline import make_retriever
 
         model = get_reranker(settings)  # loaded once, shared by every reranked row
         plain = settings.retrieval.model_copy(update={"strategy": "plain"})  # whatever the config says
         for m in ("+rerank", "+rerank+mmr"):
             rs = settings.rerank.model_copy(update={"mmr": m.endswith("mmr")})
-            reranking[m] = make_retriever(
-                settings.model_copy(update={"rerank": rs, "retrieval": plain}), store, resolving, model
+            reranking[m] = retrieval.reranking(
+                settings.model_copy(update={"rerank": rs, "retrieval": plain}), model
             )
         for m in strategies:
             rt = settings.retrieval.model_copy(update={"strategy": STRATEGY_METHODS[m]})
-            reranking[m] = make_retriever(
-                settings.model_copy(update={"retrieval": rt}), store, resolving, model, llm
-            )
+            reranking[m] = retrieval.reranking(settings.model_copy(update={"retrieval": rt}), model, llm)
 
     def search_fn(method: str) -> Callable[[str, SearchFilter | None], list[ScoredChunk]]:
         def run(query: str, flt: SearchFilter | None) -> list[ScoredChunk]:
@@ -152,7 +148,7 @@ def eval_retrieval(
                     )
                 reports.append((method, rep))
     finally:
-        store.close()
+        retrieval.close()
     shown = ("recall@5", "recall@10", "recall@20", "ndcg@10", "mrr@10", "paper@5")
     console.print(
         f"{len(qs)} questions with text evidence ({skipped} without, skipped); mean ± 95% CI half-width"
@@ -199,15 +195,13 @@ def eval_anchors(
     """Anchor recall: each paper's own title, as a query (no title resolution), finds that paper."""
     import json
 
-    from arag.library.manage import list_papers, open_for_search
-    from arag.retrieval.hybrid import HybridRetriever
+    from arag.library.manage import open_retrieval
 
     settings = load_settings()
-    rows = list_papers(settings)
-    store, embedder = open_for_search(settings)
-    retriever = HybridRetriever(store, embedder, settings.retrieval)  # no resolver: retrieval alone
     misses: list[str] = []
-    try:
+    with open_retrieval(settings) as retrieval:
+        rows = retrieval.papers
+        retriever = retrieval.plain  # no resolver: retrieval alone
         with build_progress("anchors", unit="titles") as bar:
             bar.start(len(rows))
             for r in rows:
@@ -215,8 +209,6 @@ def eval_anchors(
                 if r.id not in {h.chunk.paper_id for h in hits}:
                     misses.append(r.id)
                 bar.advance(1)
-    finally:
-        store.close()
     rate = 1 - len(misses) / len(rows) if rows else 0.0
     console.print(
         f"anchor recall@{top}: {rate:.4f} ({len(rows) - len(misses)}/{len(rows)} titles find their paper)"

@@ -167,10 +167,8 @@ def eval_answers(
     )
     from arag.eval.naive import NaiveRAG
     from arag.eval.retrieval import check_limit, default_questions_path, library_query, questions_in_library
-    from arag.library.manage import list_papers, load_resolver, open_for_search
+    from arag.library.manage import list_papers, open_retrieval
     from arag.models.reranker import get_reranker
-    from arag.retrieval.hybrid import HybridRetriever
-    from arag.retrieval.pipeline import make_retriever
 
     if scope not in ("library", "paper"):
         raise InputError(f"unknown scope {scope!r}", where="--scope", fix="use library or paper")
@@ -214,15 +212,14 @@ def eval_answers(
             where="--configs / --llm",
             fix="add extractive to --configs, or pass --llm llama-cpp",
         )
-    store, embedder = open_for_search(settings)
+    retrieval = open_retrieval(settings, llm=model)
     reports: list[ConfigReport] = []
     if traces:
         traces.parent.mkdir(parents=True, exist_ok=True)
     out = traces.open("w", encoding="utf-8") if traces else None
     try:
-        hybrid = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
         reranker = get_reranker(settings)  # loaded once, shared by every configuration
-        backend = RecordingBackend(make_retriever(settings, store, hybrid, reranker, llm=model))
+        backend = RecordingBackend(retrieval.reranking(reranker=reranker))
         runners: dict[str, Runner] = {}
         described: dict[str, dict[str, Any]] = {}
         llm_name = model.name if model is not None else None
@@ -230,8 +227,8 @@ def eval_answers(
             if c == "naive":
                 assert model is not None  # LLM configurations without one were skipped
                 naive = NaiveRAG(
-                    store,
-                    embedder,
+                    retrieval.store,
+                    retrieval.embedder,
                     model,
                     max_answer_tokens=settings.llm.max_answer_tokens,
                     book=backend.chunks,
@@ -290,7 +287,7 @@ def eval_answers(
                     bar.advance(1)
             reports.append(summarize(c, rows, qs, settings=described[c]))
     finally:
-        store.close()
+        retrieval.close()
         if out is not None:
             out.close()
     print_reports(reports)

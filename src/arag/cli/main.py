@@ -287,11 +287,9 @@ def search_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the hits as JSON.")] = False,
 ) -> None:
     """Hybrid search (dense + BM25, fused with RRF), reranked by the cross-encoder."""
-    from arag.library.manage import load_resolver, open_for_search
+    from arag.library.manage import open_retrieval
     from arag.models.reranker import IdentityReranker
     from arag.records import SearchFilter
-    from arag.retrieval.hybrid import HybridRetriever
-    from arag.retrieval.pipeline import make_retriever
 
     if not query.strip():
         raise InputError("the query is empty", where="arag search", fix="give a question or keywords")
@@ -312,18 +310,13 @@ def search_cmd(
                 "topics": [topic] if topic is not None else None,
             }
         )
-    store, embedder = open_for_search(settings)
-    try:
-        hybrid = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
+    with open_retrieval(settings, reranker=None if rerank else IdentityReranker()) as retrieval:
         llm = None
         if settings.retrieval.strategy != "plain":
             from arag.llm.factory import get_llm
 
             llm = get_llm(settings)  # multi-query / HyDE write with the LLM
-        retriever = make_retriever(settings, store, hybrid, None if rerank else IdentityReranker(), llm=llm)
-        result = retriever.search(query, flt)
-    finally:
-        store.close()
+        result = retrieval.reranking(llm=llm).search(query, flt)
     hits = result.ranked[:limit]
     if as_json:
         print(json.dumps([h.model_dump() for h in hits], indent=2))

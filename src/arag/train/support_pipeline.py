@@ -439,15 +439,17 @@ def _mine(
     tag: str,
 ) -> tuple[list[SupportExample], int]:
     """Mined examples of a questions file (cached), and how many questions they come from."""
-    from arag.library.manage import load_resolver, open_for_search
+    from arag.library.manage import open_retrieval
 
-    store, embedder = open_for_search(settings)
-    try:
+    with open_retrieval(settings) as retrieval:
         items = load_answered(path, limit=limit)
-        kept = {q.question_id for q in _in_library([q for q, _ in items], store.paper_ids(), what, WHERE)}
+        kept = {
+            q.question_id
+            for q in _in_library([q for q, _ in items], retrieval.store.paper_ids(), what, WHERE)
+        }
         items = [(q, item) for q, item in items if q.question_id in kept]
-        plain = HybridRetriever(store, embedder, settings.retrieval)
-        resolving = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
+        plain = retrieval.plain
+        resolving = retrieval.hybrid
 
         def mine_all() -> list[SupportExample]:
             with progress(f"mining {what}", "questions") as bar:
@@ -462,8 +464,6 @@ def _mine(
         examples: list[SupportExample] = cached(
             settings.cache_dir / "support" / f"{tag}-{key}.json", SupportExample, mine_all
         )
-    finally:
-        store.close()
     return examples, len(items)
 
 
