@@ -28,12 +28,13 @@ from arag.index import qdrant_edge, qdrant_server
 from arag.index.factory import open_store, store_backend
 from arag.index.qdrant_edge import EdgeStore
 from arag.index.qdrant_server import QdrantServerStore
-from arag.index.sparse import BM25Encoder, average_length
+from arag.index.sparse import BM25Encoder
 from arag.index.store import PaperCount, Store
 from arag.ingest.chunker import chunk_paper
 from arag.models.hash_embedder import HashEmbedder
 from arag.records import Chunk, ScoredChunk, SearchFilter, SparseVector
 from arag.settings import ChunkSettings, EmbeddingSettings, get_settings
+from arag.text import tokenize
 from conftest import qasper_papers
 
 DIM = 128
@@ -88,7 +89,7 @@ def lib() -> Library:
         for c in chunk_paper(paper, embedder.count_tokens, ChunkSettings()):
             table = c.type == "passage" and c.index % 9 == 8
             chunks.append(c.model_copy(update={"year": year, "type": "table" if table else c.type}))
-    encoder = BM25Encoder(avg_len=average_length(c.text for c in chunks))
+    encoder = BM25Encoder(avg_len=sum(len(tokenize(c.text)) for c in chunks) / len(chunks))
     topics = {p.id: (i % 3, f"topic {i % 3}") for i, p in enumerate(papers)}
     return Library(
         chunks=chunks,

@@ -282,7 +282,9 @@ def test_retriever_expands_but_reranks_the_question(lib: Settings) -> None:
         one = retriever.search(question)
         many = retriever.search_many([question, TOPICAL])
         hy = _with_strategy(lib, "hyde")
-        hyde = make_reranking_retriever(hy, store, hybrid, model, ScriptedLLM(default="A passage on datasets."))
+        hyde = make_reranking_retriever(
+            hy, store, hybrid, model, ScriptedLLM(default="A passage on datasets.")
+        )
         passage = hyde.search(question)
         with pytest.raises(ConfigError, match="the hyde retrieval strategy needs an LLM"):
             make_reranking_retriever(hy, store, hybrid, IdentityReranker())

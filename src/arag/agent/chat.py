@@ -28,11 +28,11 @@ from arag.agent.direct import arithmetic_expression, is_chitchat
 from arag.agent.graph import MAX_QUESTION_CHARS
 from arag.agent.terms import entities, key_terms, strip_citations
 from arag.errors import AragError, InputError, ModelUnavailable, StoreError
-from arag.index.sparse import STOPWORDS
 from arag.llm.base import LLM
 from arag.records import Answer
 from arag.retrieval.resolve import PaperRef, PaperResolver
 from arag.settings import Settings
+from arag.text import STOPWORDS
 
 # --- the history ---------------------------------------------------------------------------------
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from arag.agent.deps import AgentDeps
 from arag.agent.state import AgentState, ContextPassage, Evidence, Step
 from arag.agent.terms import key_terms, sentences, strip_instructions, strip_placeholders
-from arag.index.sparse import tokenize
 from arag.settings import AgentSettings
+from arag.text import tokenize
 
 GAP = " … "
 # A query's best passage that shares no word with the question still goes in (the reranker may

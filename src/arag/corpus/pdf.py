@@ -34,8 +34,8 @@ from arag.corpus.pdf_layout import (
     _reading_order,
 )
 from arag.errors import IngestError
-from arag.index.sparse import STOPWORDS
 from arag.records import Paper, Section, Table
+from arag.text import STOPWORDS
 
 log = logging.getLogger(__name__)
 
