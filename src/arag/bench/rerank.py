@@ -44,7 +44,7 @@ def run_rerank_bench(
     start: Callable[[int], None] | None = None,
 ) -> RerankBench:
     """Score every question's library-wide fused list with the installed model at each length."""
-    from arag.eval.retrieval import load_questions
+    from arag.corpus.qasper_questions import load_questions
     from arag.library.manage import open_retrieval
     from arag.models.reranker import OnnxReranker
     from arag.train.calibrate import combined_scores, rank_metrics

@@ -55,15 +55,13 @@ def eval_retrieval(
     """Evidence Recall@5/10/20, nDCG@10, MRR@10 and paper hit@5 with 95% bootstrap CIs, for the ablation
     in one run: dense only, BM25 only, hybrid RRF, + paper resolution, + rerank, + rerank + MMR; and, when
     named, + multi-query or + HyDE (hybrid+resolve with that query strategy, then rerank; need an LLM)."""
-    from arag.eval.retrieval import (
-        Scope,
-        check_limit,
+    from arag.corpus.qasper_questions import (
         count_skipped,
         default_questions_path,
-        evaluate_retrieval,
         load_questions,
         questions_in_library,
     )
+    from arag.eval.retrieval import Scope, check_limit, evaluate_retrieval
     from arag.index.sparse import BM25Encoder
     from arag.library.manage import list_papers, open_retrieval
 

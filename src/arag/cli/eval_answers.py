@@ -157,6 +157,7 @@ def eval_answers(
     questions, citation validity, claim support and latency, with 95% bootstrap CIs and a failure
     taxonomy, for: naive RAG (dense top 5 -> LLM), extractive, full agent, without verifier, one pass."""
     from arag.agent import build_agent
+    from arag.corpus.qasper_questions import default_questions_path, library_query, questions_in_library
     from arag.eval.answers import (
         RecordingBackend,
         load_answer_questions,
@@ -166,7 +167,7 @@ def eval_answers(
         summarize,
     )
     from arag.eval.naive import NaiveRAG
-    from arag.eval.retrieval import check_limit, default_questions_path, library_query, questions_in_library
+    from arag.eval.retrieval import check_limit
     from arag.library.manage import list_papers, open_retrieval
     from arag.models.reranker import get_reranker
 

@@ -19,7 +19,7 @@ train_app = typer.Typer(no_args_is_help=True)
 
 
 def _qasper(name: str) -> Path:
-    from arag.eval.retrieval import default_questions_path
+    from arag.corpus.qasper_questions import default_questions_path
 
     return default_questions_path().with_name(name)
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
+from arag.corpus.qasper_questions import EvalQuestion, load_questions
 from arag.errors import ModelError
-from arag.eval.retrieval import EvalQuestion, load_questions
 from arag.library.build import Progress
 from arag.models.reranker import (
     CARD_FILE,

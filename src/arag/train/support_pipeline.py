@@ -32,9 +32,9 @@ import numpy as np
 from pydantic import BaseModel
 
 from arag.agent.support import LexicalSupport, platt
+from arag.corpus.qasper_questions import FLOAT_MARKER, EvalQuestion, read_question_items
 from arag.errors import ModelError
-from arag.eval.qasper_metrics import FLOAT_MARKER
-from arag.eval.retrieval import EvalQuestion, hits_per_rank, read_question_items
+from arag.eval.retrieval import hits_per_rank
 from arag.models.reranker import MODEL_FILE, ModelCard, OnnxReranker, file_sha256, pair_text, replace_card
 from arag.records import SearchFilter
 from arag.retrieval.hybrid import HybridRetriever
