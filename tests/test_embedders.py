@@ -18,6 +18,7 @@ import pytest
 from pydantic import SecretStr
 
 from arag.errors import ConfigError, ModelError, NetworkError
+from arag.http_retry import backoff_delay
 from arag.models.embedder import (
     BaseEmbedder,
     Embedder,
@@ -30,7 +31,7 @@ from arag.models.embedder import (
 from arag.models.factory import get_embedder
 from arag.models.hash_embedder import HashEmbedder, word_features
 from arag.models.onnx_minilm import MODEL_ID, OnnxMiniLMEmbedder, verify_model_file
-from arag.models.openai_embedder import OpenAICompatEmbedder, backoff_delay
+from arag.models.openai_embedder import OpenAICompatEmbedder
 from arag.settings import EmbeddingSettings
 
 # ---------------------------------------------------------------------------------------------
