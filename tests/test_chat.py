@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from arag.agent import prompts
-from arag.agent.chat import (
+from arag.agent.follow_up import (
     ChatHistory,
     Exchange,
     Rewriter,
