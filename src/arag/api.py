@@ -18,7 +18,8 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from arag.agent.follow_up import ChatHistory, Exchange, Rewrite, Rewriter, chat_db, validate_session_id
+from arag.agent.chat_history import ChatHistory, Exchange, chat_db, validate_session_id
+from arag.agent.follow_up import Rewrite, Rewriter
 from arag.agent.graph import Agent, build_agent, validate_question
 from arag.agent.hooks import RunHooks
 from arag.corpus.arxiv_ids import bare_arxiv_id
