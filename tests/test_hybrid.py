@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,22 +11,15 @@ from typer.testing import CliRunner
 
 from arag.cli.main import app
 from arag.errors import InputError, StoreError
-from arag.library.manage import build_library, open_for_search
+from arag.library.manage import open_for_search
 from arag.records import SearchFilter
 from arag.retrieval.hybrid import HybridRetriever
 from arag.settings import Settings, get_settings
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings:
-    s = get_settings(
-        data_dir=tmp_path_factory.mktemp("hyb"),
-        corpus={"max_papers": 6},
-        embedding={"provider": "hash"},
-        topics={"k": 2},
-    )
-    build_library(s)
-    return s
+def lib(small_library: Callable[..., Settings]) -> Settings:
+    return small_library()
 
 
 def test_three_searches_fused(lib: Settings) -> None:

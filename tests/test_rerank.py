@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from arag.errors import ConfigError, ModelError
-from arag.library.manage import build_library, open_for_search
+from arag.library.manage import open_for_search
 from arag.models.reranker import (
     Bars,
     IdentityReranker,
@@ -408,16 +408,8 @@ def test_score_histogram_counts_every_candidate_once() -> None:
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings:
-    s = get_settings(
-        data_dir=tmp_path_factory.mktemp("rerank-lib"),
-        corpus={"max_papers": 6},
-        embedding={"provider": "hash"},
-        topics={"k": 2},
-        rerank={"provider": "none"},
-    )
-    build_library(s)
-    return s
+def lib(small_library: Callable[..., Settings]) -> Settings:
+    return small_library(rerank={"provider": "none"})
 
 
 def test_retriever_with_the_identity_keeps_the_fused_order(lib: Settings) -> None:

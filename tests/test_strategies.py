@@ -4,7 +4,7 @@ the ablation rows, on a small hash-embedder library with a scripted LLM."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from arag.errors import ConfigError, InputError, ModelError
-from arag.library.manage import build_library, load_resolver, open_for_search
+from arag.library.manage import load_resolver, open_for_search
 from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
 from arag.models.reranker import Bars, IdentityReranker
@@ -28,7 +28,7 @@ from arag.retrieval.strategies import (
     make_strategy,
     parse_variants,
 )
-from arag.settings import RetrievalSettings, Settings, get_settings
+from arag.settings import RetrievalSettings, Settings
 
 Q = "Which datasets do they use?"
 
@@ -102,16 +102,8 @@ def test_make_strategy_needs_an_llm() -> None:
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings:
-    s = get_settings(
-        data_dir=tmp_path_factory.mktemp("strategies-lib"),
-        corpus={"max_papers": 6},
-        embedding={"provider": "hash"},
-        topics={"k": 2},
-        rerank={"provider": "none"},
-    )
-    build_library(s)
-    return s
+def lib(small_library: Callable[..., Settings]) -> Settings:
+    return small_library(rerank={"provider": "none"})
 
 
 class RecordingReranker:
