@@ -7,16 +7,18 @@ means nothing to arag itself, so it is not one of arag's settings.
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
 from arag.corpus.qasper import load_qasper
+from arag.library.manage import build_library
 from arag.records import Paper
-from arag.settings import find_shared_dir
+from arag.settings import Settings, find_shared_dir, get_settings
 
 REQUIRE_SHARED = os.environ.get("ARAG_REQUIRE_SHARED", "").strip() not in ("", "0")
 _REQUIRED = "ARAG_REQUIRE_SHARED is set: this run needs ../shared beside the repository"
@@ -99,6 +101,33 @@ def qasper_path(shared_dir: Path) -> Path:
     if not path.is_file():
         missing_shared(f"{path} is missing")
     return path
+
+
+# A small library: the first 6 QASPER papers, the hash embedder, 2 topics.
+SMALL_LIBRARY: dict[str, Any] = {
+    "corpus": {"max_papers": 6},
+    "embedding": {"provider": "hash"},
+    "topics": {"k": 2},
+}
+
+
+@pytest.fixture(scope="session")
+def small_library(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Callable[..., Settings]:
+    """A factory of built small libraries: settings overrides in (each top-level section replaces
+    :data:`SMALL_LIBRARY`'s), the built library's settings out. The same overrides give the same
+    library, built once per session, so its tests only read it (a test that changes a library builds
+    its own)."""
+    built: dict[str, Settings] = {}
+
+    def make(**overrides: Any) -> Settings:
+        key = json.dumps(overrides, sort_keys=True, default=str)
+        if key not in built:
+            settings = get_settings(data_dir=tmp_path_factory.mktemp("lib"), **{**SMALL_LIBRARY, **overrides})
+            build_library(settings)
+            built[key] = settings
+        return built[key]
+
+    return make
 
 
 def qasper_papers(n: int) -> list[Paper]:

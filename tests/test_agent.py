@@ -21,7 +21,7 @@ from arag.llm.scripted import ScriptedLLM
 from arag.models.reranker import IdentityReranker
 from arag.records import Answer, Chunk, NodeEvent, RankedChunk, SearchFilter
 from arag.retrieval.hybrid import HybridResult, HybridRetriever
-from arag.retrieval.pipeline import Retriever, SearchResult, make_retriever
+from arag.retrieval.pipeline import Retriever, SearchResult, make_reranking_retriever
 from arag.settings import AgentSettings, Settings, get_settings
 
 RESEARCH_PATH = ["router", "planner", "retriever", "grader", "context", "synthesizer", "verifier"]
@@ -49,7 +49,7 @@ def lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings
 def retriever(lib: Settings) -> Iterator[Retriever]:
     store, embedder = open_for_search(lib)
     hybrid = HybridRetriever(store, embedder, lib.retrieval, load_resolver(lib))
-    yield make_retriever(lib, store, hybrid, IdentityReranker())
+    yield make_reranking_retriever(lib, store, hybrid, IdentityReranker())
     store.close()
 
 

@@ -13,7 +13,7 @@ from arag.library.manage import build_library, load_resolver, open_for_search
 from arag.llm.factory import get_llm
 from arag.models.reranker import IdentityReranker
 from arag.retrieval.hybrid import HybridRetriever
-from arag.retrieval.pipeline import make_retriever
+from arag.retrieval.pipeline import make_reranking_retriever
 from arag.settings import Settings, get_settings
 
 pytestmark = pytest.mark.real_models
@@ -35,7 +35,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Iterat
     store, embedder = open_for_search(s)
     hybrid = HybridRetriever(store, embedder, s.retrieval, load_resolver(s))
     # No trained reranker in a fresh data directory: the fused order (its own tests train one).
-    retriever = make_retriever(s, store, hybrid, IdentityReranker())
+    retriever = make_reranking_retriever(s, store, hybrid, IdentityReranker())
     yield build_agent(s, retriever, get_llm(s))
     store.close()
 

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from arag.agent import prompts
-from arag.agent.chat import (
-    ChatHistory,
-    Exchange,
+from arag.agent.chat_history import ChatHistory, Exchange, validate_session_id
+from arag.agent.follow_up import (
     Rewriter,
     clean_reply,
     follow_up,
@@ -21,7 +20,6 @@ from arag.agent.chat import (
     rewrite_prompt,
     rewrite_rules,
     split_scope,
-    validate_session_id,
 )
 from arag.errors import InputError, ModelError
 from arag.llm.base import ChatMessage

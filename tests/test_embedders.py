@@ -18,19 +18,20 @@ import pytest
 from pydantic import SecretStr
 
 from arag.errors import ConfigError, ModelError, NetworkError
+from arag.http_retry import backoff_delay
 from arag.models.embedder import (
     BaseEmbedder,
     Embedder,
     EmbeddingCache,
     NullCache,
     cache_key,
-    get_embedder,
     l2_normalize,
     mean_pool,
 )
+from arag.models.factory import get_embedder
 from arag.models.hash_embedder import HashEmbedder, word_features
 from arag.models.onnx_minilm import MODEL_ID, OnnxMiniLMEmbedder, verify_model_file
-from arag.models.openai_compat import OpenAICompatEmbedder, backoff_delay
+from arag.models.openai_embedder import OpenAICompatEmbedder
 from arag.settings import EmbeddingSettings
 
 # ---------------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from arag.agent import prompts
 from arag.agent.support import LexicalSupport
+from arag.cli import eval_answers as answers_cli
 from arag.cli.main import app
-from arag.eval import answers_cli
 from arag.eval.answers import (
     AnswerQuestion,
     claim_support,

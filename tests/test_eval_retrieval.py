@@ -6,18 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from arag.corpus.qasper_questions import EvalQuestion, count_skipped, load_questions
 from arag.errors import InputError
-from arag.eval.retrieval import (
-    EvalQuestion,
-    bootstrap_ci,
-    count_skipped,
-    evaluate_retrieval,
-    hits_per_rank,
-    load_questions,
-    mrr_at,
-    ndcg_at,
-    recall_at,
-)
+from arag.eval.retrieval import bootstrap_ci, evaluate_retrieval, hits_per_rank, mrr_at, ndcg_at, recall_at
 from arag.records import Chunk, ScoredChunk, SearchFilter
 
 GOLD = [
@@ -156,7 +147,7 @@ def test_questions_files_are_read_as_utf8_whatever_the_locale(tmp_path: Path) ->
     # An ASCII locale with Python's UTF-8 mode and locale coercion off: open()'s default is ASCII.
     env = dict(os.environ, LC_ALL="POSIX", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
     code = (
-        "import sys, pathlib; from arag.eval.retrieval import load_questions as q; "
+        "import sys, pathlib; from arag.corpus.qasper_questions import load_questions as q; "
         "print(ascii(q(pathlib.Path(sys.argv[1]))[0].question))"
     )
     res = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True)
@@ -169,7 +160,8 @@ def test_questions_files_are_read_as_utf8_whatever_the_locale(tmp_path: Path) ->
 
 
 def test_questions_about_papers_outside_the_library_are_counted_and_left_out() -> None:
-    from arag.eval.retrieval import check_limit, questions_in_library
+    from arag.corpus.qasper_questions import questions_in_library
+    from arag.eval.retrieval import check_limit
 
     qs = [
         EvalQuestion(question_id=str(i), paper_id=p, paper_title="T", question="q?", evidence=["e"])

@@ -3,29 +3,23 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from arag.cli.main import app
-from arag.errors import InputError
-from arag.library.manage import build_library, open_for_search
+from arag.errors import InputError, StoreError
+from arag.library.manage import open_for_search
 from arag.records import SearchFilter
 from arag.retrieval.hybrid import HybridRetriever
 from arag.settings import Settings, get_settings
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings:
-    s = get_settings(
-        data_dir=tmp_path_factory.mktemp("hyb"),
-        corpus={"max_papers": 6},
-        embedding={"provider": "hash"},
-        topics={"k": 2},
-    )
-    build_library(s)
-    return s
+def lib(small_library: Callable[..., Settings]) -> Settings:
+    return small_library()
 
 
 def test_three_searches_fused(lib: Settings) -> None:
@@ -208,3 +202,36 @@ def test_bench_retrieval_runs_every_stage(
     assert r["reranker"] == "none" and r["rerank_candidates"] == 25
     assert r["queries"] == 12 and all(v > 0 for v in r["stage_ms"].values())
     assert r["cold_start_ms"] > r["index_open_ms"] > 0
+
+
+def test_open_retrieval_reads_the_build_state_once_and_closes_the_store(
+    lib: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from arag.library.manage import list_papers, open_retrieval
+    from arag.library.state import LibraryState
+    from arag.models.reranker import IdentityReranker
+
+    papers = list_papers(lib)
+    visits: list[Path] = []
+    real_init = LibraryState.__init__
+
+    def counting(self: LibraryState, path: Path, *args: object, **kwargs: object) -> None:
+        visits.append(path)
+        real_init(self, path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LibraryState, "__init__", counting)
+    with open_retrieval(lib, reranker=IdentityReranker()) as retrieval:
+        assert visits.count(lib.state_db) == 1
+        assert [r.id for r in retrieval.papers] == [r.id for r in papers]
+        assert retrieval.hybrid.resolver is retrieval.resolver and retrieval.plain.resolver is None
+        title = retrieval.resolver.titles["1601.01705"]
+        result = retrieval.retriever.search(f"In the paper '{title}': which datasets do they use?")
+        assert result.hybrid.resolved is not None and result.hybrid.resolved.paper_id == "1601.01705"
+        assert result.model == "none"
+        assert retrieval.retriever is retrieval.retriever  # built once
+        store = retrieval.store
+    # Closed: the store refuses further searches, and the library opens again.
+    with pytest.raises(StoreError, match="closed"):
+        store.count()
+    with open_retrieval(lib) as again:
+        assert again.store.count() > 0

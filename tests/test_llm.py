@@ -24,17 +24,15 @@ from arag.llm.base import ChatMessage, Completion
 from arag.llm.factory import get_llm
 from arag.llm.gguf import (
     PACKAGED_MODELS,
-    GGUFArray,
     ModelPart,
     PackagedModel,
     assemble,
-    check_gguf,
     locate_part,
-    read_gguf_header,
     resolve_model_path,
 )
+from arag.llm.gguf_reader import GGUFArray, check_gguf, read_gguf_header
 from arag.llm.local import LocalLLM, VocabTokenizer
-from arag.llm.openai_compat import OpenAICompatLLM, estimate_tokens
+from arag.llm.openai_chat import OpenAICompatLLM, estimate_tokens
 from arag.settings import LLMSettings, Settings, get_settings
 
 # ---------------------------------------------------------------------------------------------

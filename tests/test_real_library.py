@@ -9,7 +9,7 @@ import pytest
 from arag.index.factory import open_store
 from arag.index.sparse import BM25Encoder
 from arag.library.manage import build_library, library_status, list_papers
-from arag.models.embedder import get_embedder
+from arag.models.factory import get_embedder
 from arag.records import SearchFilter
 from arag.settings import get_settings
 

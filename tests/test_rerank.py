@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from arag.errors import ConfigError, ModelError
-from arag.library.manage import build_library, open_for_search
+from arag.library.manage import open_for_search
 from arag.models.reranker import (
     Bars,
     IdentityReranker,
@@ -22,7 +22,7 @@ from arag.models.reranker import (
 )
 from arag.records import Chunk, ScoredChunk
 from arag.retrieval.hybrid import HybridRetriever
-from arag.retrieval.pipeline import SEARCHES, found_by, make_retriever
+from arag.retrieval.pipeline import SEARCHES, found_by, make_reranking_retriever
 from arag.retrieval.rerank import RerankStage, floor_canonical, select_kept
 from arag.settings import RerankSettings, Settings, get_settings
 from arag.train.calibrate import calibrate_bars, kept_f1, rank_metrics, reranked_order, score_histogram
@@ -408,23 +408,15 @@ def test_score_histogram_counts_every_candidate_once() -> None:
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings:
-    s = get_settings(
-        data_dir=tmp_path_factory.mktemp("rerank-lib"),
-        corpus={"max_papers": 6},
-        embedding={"provider": "hash"},
-        topics={"k": 2},
-        rerank={"provider": "none"},
-    )
-    build_library(s)
-    return s
+def lib(small_library: Callable[..., Settings]) -> Settings:
+    return small_library(rerank={"provider": "none"})
 
 
 def test_retriever_with_the_identity_keeps_the_fused_order(lib: Settings) -> None:
     store, embedder = open_for_search(lib)
     try:
         hybrid = HybridRetriever(store, embedder, lib.retrieval)
-        retriever = make_retriever(lib, store, hybrid, IdentityReranker())
+        retriever = make_reranking_retriever(lib, store, hybrid, IdentityReranker())
         r = retriever.search("ontology semantic parser grammar Wikipedia")
     finally:
         store.close()
@@ -454,7 +446,7 @@ def test_search_many_concurrent_equals_sequential(lib: Settings) -> None:
     store, embedder = open_for_search(lib)
     try:
         hybrid = HybridRetriever(store, embedder, lib.retrieval)
-        retriever = make_retriever(lib, store, hybrid, IdentityReranker())
+        retriever = make_reranking_retriever(lib, store, hybrid, IdentityReranker())
         queries = [
             "ontology learning from text",
             "semantic parser grammar induction",
@@ -472,13 +464,13 @@ def test_search_many_concurrent_equals_sequential(lib: Settings) -> None:
         assert len(a.kept) <= 8 and set(a.timings) == {"search", "rerank"}
 
 
-def test_make_retriever_uses_the_configured_reranker_and_mmr_vectors(lib: Settings) -> None:
+def test_make_reranking_retriever_uses_the_configured_reranker_and_mmr_vectors(lib: Settings) -> None:
     store, embedder = open_for_search(lib)
     try:
         hybrid = HybridRetriever(store, embedder, lib.retrieval)
-        assert isinstance(make_retriever(lib, store, hybrid).stage.reranker, IdentityReranker)
+        assert isinstance(make_reranking_retriever(lib, store, hybrid).stage.reranker, IdentityReranker)
         mmr = lib.model_copy(update={"rerank": lib.rerank.model_copy(update={"mmr": True})})
-        r = make_retriever(mmr, store, hybrid, FusedOrderReranker()).search(
+        r = make_reranking_retriever(mmr, store, hybrid, FusedOrderReranker()).search(
             "ontology semantic parser grammar Wikipedia"
         )
     finally:

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from arag.index.qdrant_edge import EdgeStore
-from arag.index.sparse import STOPWORDS, BM25Encoder, average_length, bm25_tf_weight, term_id, tokenize
+from arag.index.sparse import BM25Encoder, bm25_tf_weight, term_id
 from arag.records import Chunk, SparseVector, chunk_id
+from arag.text import STOPWORDS, tokenize
 
 # -- tokenizer -------------------------------------------------------------------------------------
 
@@ -125,11 +126,6 @@ def test_empty_document() -> None:
 def test_encoder_rejects_bad_parameters(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         BM25Encoder(**kwargs)
-
-
-def test_average_length() -> None:
-    assert average_length(["cats cats dog", "the dog", "a"]) == pytest.approx(4 / 3)
-    assert average_length([]) == 1.0
 
 
 # -- the engine's IDF, and BM25 end to end against numpy -----------------------------------------

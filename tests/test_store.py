@@ -15,7 +15,8 @@ import pytest
 
 from arag.errors import StoreError
 from arag.index import qdrant_edge
-from arag.index.qdrant_edge import EdgeStore, directory_size
+from arag.index.payload import directory_size
+from arag.index.qdrant_edge import EdgeStore
 from arag.index.sparse import BM25Encoder
 from arag.index.store import PaperCount, Store
 from arag.records import Chunk, ChunkType, SearchFilter, chunk_id

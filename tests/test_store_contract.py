@@ -28,12 +28,14 @@ from arag.index import qdrant_edge, qdrant_server
 from arag.index.factory import open_store, store_backend
 from arag.index.qdrant_edge import EdgeStore
 from arag.index.qdrant_server import QdrantServerStore
-from arag.index.sparse import BM25Encoder, average_length
+from arag.index.sparse import BM25Encoder
 from arag.index.store import PaperCount, Store
 from arag.ingest.chunker import chunk_paper
 from arag.models.hash_embedder import HashEmbedder
 from arag.records import Chunk, ScoredChunk, SearchFilter, SparseVector
-from arag.settings import ChunkSettings, EmbeddingSettings, get_settings
+from arag.retrieval.hybrid import HybridRetriever
+from arag.settings import ChunkSettings, EmbeddingSettings, RetrievalSettings, get_settings
+from arag.text import tokenize
 from conftest import qasper_papers
 
 DIM = 128
@@ -88,7 +90,7 @@ def lib() -> Library:
         for c in chunk_paper(paper, embedder.count_tokens, ChunkSettings()):
             table = c.type == "passage" and c.index % 9 == 8
             chunks.append(c.model_copy(update={"year": year, "type": "table" if table else c.type}))
-    encoder = BM25Encoder(avg_len=average_length(c.text for c in chunks))
+    encoder = BM25Encoder(avg_len=sum(len(tokenize(c.text)) for c in chunks) / len(chunks))
     topics = {p.id: (i % 3, f"topic {i % 3}") for i, p in enumerate(papers)}
     return Library(
         chunks=chunks,
@@ -273,22 +275,32 @@ def test_filters(ro: Store, lib: Library) -> None:
         assert {h.chunk.id for h in sparse} <= want, flt
 
 
-def test_hybrid_search_is_rrf_of_dense_and_sparse(ro: Store, lib: Library) -> None:
-    """The engine-side fusion: every hit scores sum(1 / (k + rank - 1)) over the two lists."""
-    hybrid = getattr(ro, "hybrid_search", None)
-    assert hybrid is not None, "both backends fuse in the engine"
-    k, pl = 60, 15
-    for text, flt in [(QUERIES[0], None), (QUERIES[2], SearchFilter(types=["passage"])), ("the", None)]:
-        vec, terms = lib.embedder.embed([text])[0], lib.encoder.encode_query(text)
+def test_hybrid_retriever_is_rrf_of_the_stores_searches(ro: Store, lib: Library) -> None:
+    """Hybrid search through the public retriever on each backend: the abstract, passage and BM25
+    lists are the store's own searches, and every fused hit scores sum(1 / (k + rank)) over them."""
+    s = RetrievalSettings()
+    retriever = HybridRetriever(ro, lib.embedder, s)
+    for text, flt in [(QUERIES[0], None), (QUERIES[2], SearchFilter(year_min=2017)), ("the", None)]:
+        r = retriever.search(text, flt)
+        vec, terms = lib.embedder.embed_query(text), lib.encoder.encode_query(text)
+        base = flt or SearchFilter()
+        lists = [
+            ro.dense_search(vec, s.abstract_k, base.model_copy(update={"types": ["abstract"]})),
+            ro.dense_search(vec, s.passage_k, base.model_copy(update={"types": ["passage", "table"]})),
+            ro.sparse_search(terms, s.bm25_k, flt) if terms.indices else [],
+        ]
+        assert [[h.chunk.id for h in hits] for hits in (r.dense_abstracts, r.dense_passages, r.bm25)] == [
+            [h.chunk.id for h in hits] for hits in lists
+        ]
         expected: dict[str, float] = {}
-        lists = [ro.dense_search(vec, pl, flt), ro.sparse_search(terms, pl, flt)]
         for hits in lists:
             for rank, h in enumerate(hits, start=1):
-                expected[h.chunk.id] = expected.get(h.chunk.id, 0.0) + 1.0 / (k + rank - 1)
-        got = hybrid(vec, terms, 2 * pl, flt, prefetch_limit=pl, rrf_k=k)  # room for the whole union
-        assert {h.chunk.id: pytest.approx(h.score) for h in got} == expected
-        assert [h.score for h in got] == sorted((h.score for h in got), reverse=True)
-        assert all(h.source == "hybrid" for h in got)
+                expected[h.chunk.id] = expected.get(h.chunk.id, 0.0) + 1.0 / (s.rrf_k + rank)
+        top = sorted(expected.values(), reverse=True)[: s.fused_k]
+        assert [h.score for h in r.fused] == pytest.approx(top)
+        assert all(h.score == pytest.approx(expected[h.chunk.id]) for h in r.fused)
+        assert all(h.source == "fused" for h in r.fused)
+    assert not lists[2], "a query of stopwords alone has no BM25 list"
 
 
 def test_upsert_rejects_mismatched_inputs(ro: Store, lib: Library) -> None:

@@ -4,7 +4,7 @@ the ablation rows, on a small hash-embedder library with a scripted LLM."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -12,13 +12,13 @@ import pytest
 from typer.testing import CliRunner
 
 from arag.errors import ConfigError, InputError, ModelError
-from arag.library.manage import build_library, load_resolver, open_for_search
+from arag.library.manage import load_resolver, open_for_search
 from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
 from arag.models.reranker import Bars, IdentityReranker
 from arag.retrieval.fusion import fuse_chunks
 from arag.retrieval.hybrid import HybridRetriever
-from arag.retrieval.pipeline import make_retriever
+from arag.retrieval.pipeline import make_reranking_retriever
 from arag.retrieval.strategies import (
     HYDE_SYSTEM,
     MULTI_QUERY_SYSTEM,
@@ -28,7 +28,7 @@ from arag.retrieval.strategies import (
     make_strategy,
     parse_variants,
 )
-from arag.settings import RetrievalSettings, Settings, get_settings
+from arag.settings import RetrievalSettings, Settings
 
 Q = "Which datasets do they use?"
 
@@ -102,16 +102,8 @@ def test_make_strategy_needs_an_llm() -> None:
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings:
-    s = get_settings(
-        data_dir=tmp_path_factory.mktemp("strategies-lib"),
-        corpus={"max_papers": 6},
-        embedding={"provider": "hash"},
-        topics={"k": 2},
-        rerank={"provider": "none"},
-    )
-    build_library(s)
-    return s
+def lib(small_library: Callable[..., Settings]) -> Settings:
+    return small_library(rerank={"provider": "none"})
 
 
 class RecordingReranker:
@@ -278,14 +270,16 @@ def test_retriever_expands_but_reranks_the_question(lib: Settings) -> None:
         mq = _with_strategy(lib, "multi-query")
         model = RecordingReranker()
         llm = ScriptedLLM(default=json.dumps({"queries": VARIANTS}))
-        retriever = make_retriever(mq, store, hybrid, model, llm)
+        retriever = make_reranking_retriever(mq, store, hybrid, model, llm)
         one = retriever.search(question)
         many = retriever.search_many([question, TOPICAL])
         hy = _with_strategy(lib, "hyde")
-        hyde = make_retriever(hy, store, hybrid, model, ScriptedLLM(default="A passage on datasets."))
+        hyde = make_reranking_retriever(
+            hy, store, hybrid, model, ScriptedLLM(default="A passage on datasets.")
+        )
         passage = hyde.search(question)
         with pytest.raises(ConfigError, match="the hyde retrieval strategy needs an LLM"):
-            make_retriever(hy, store, hybrid, IdentityReranker())
+            make_reranking_retriever(hy, store, hybrid, IdentityReranker())
     finally:
         store.close()
     assert model.queries == [question, question, TOPICAL, question]
@@ -298,7 +292,7 @@ def test_retriever_expands_but_reranks_the_question(lib: Settings) -> None:
 def test_eval_retrieval_strategy_rows(
     lib: Settings, shared_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import arag.eval.cli as eval_cli
+    import arag.cli.eval as eval_cli
     from arag.cli.main import app
     from arag.library.manage import list_papers
 

@@ -9,12 +9,12 @@ import pymupdf
 import pytest
 from typer.testing import CliRunner
 
+from arag.cli.stress import stress_app
 from arag.index.factory import open_store
 from arag.library.manage import build_library, list_papers
 from arag.library.state import LibraryState
 from arag.settings import Settings, get_settings
 from arag.stress.bad_pdfs import BAD_KINDS, BOMB_PAGES, NOISE_PAGES, BadPdfReport, make_bad_pdfs
-from arag.stress.cli import stress_app
 from arag.stress.crash import CrashReport, check_consistency, run_crash_test
 
 runner = CliRunner()

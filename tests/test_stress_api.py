@@ -25,7 +25,7 @@ from arag.llm.scripted import ScriptedLLM
 from arag.models.reranker import IdentityReranker
 from arag.records import Answer, Paper, SearchFilter, Section
 from arag.retrieval.hybrid import HybridRetriever
-from arag.retrieval.pipeline import Retriever, make_retriever
+from arag.retrieval.pipeline import Retriever, make_reranking_retriever
 from arag.service import create_app
 from arag.settings import Settings, get_settings
 from arag.stress.fuzz import SSE_OPERATION, run_fuzz, sse_events
@@ -212,7 +212,7 @@ def injected_retriever(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Inj
         assert builder.index_papers(PAPERS).papers_added == 3
     store, embedder = open_for_search(settings)
     hybrid = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
-    yield settings, make_retriever(settings, store, hybrid, IdentityReranker())
+    yield settings, make_reranking_retriever(settings, store, hybrid, IdentityReranker())
     store.close()
 
 
@@ -425,7 +425,7 @@ def test_titles_and_section_names_get_the_injection_filter(tmp_path: Path) -> No
     store, embedder = open_for_search(settings)
     try:
         hybrid = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
-        retriever = make_retriever(settings, store, hybrid, IdentityReranker())
+        retriever = make_reranking_retriever(settings, store, hybrid, IdentityReranker())
         agent, rec = agent_with((settings, retriever), lambda user: "Short answer: Finland\nExplanation: x")
         answer = agent.run(QUESTION, SearchFilter(paper_ids=["2301.00011"]))
     finally:

@@ -19,8 +19,8 @@ from arag.errors import ModelError
 from arag.library.manage import build_library
 from arag.models.reranker import CARD_FILE, MODEL_FILE, ModelCard, OnnxReranker, file_sha256, get_reranker
 from arag.settings import Settings, get_settings
-from arag.train.pipeline import train_reranker
 from arag.train.reranker import TrainConfig
+from arag.train.reranker_pipeline import train_reranker
 
 pytestmark = pytest.mark.real_models
 

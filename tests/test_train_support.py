@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,12 @@ from arag.agent.support import (
 )
 from arag.cli.main import app
 from arag.errors import ModelError
-from arag.library.manage import build_library
+from arag.library.manage import list_papers
 from arag.llm.scripted import ScriptedLLM
 from arag.models.reranker import CARD_FILE, MODEL_FILE, ModelCard, OnnxReranker, file_sha256
 from arag.settings import Settings, get_settings
 from arag.train.reranker import TrainConfig
-from arag.train.support import (
+from arag.train.support_pipeline import (
     SupportExample,
     SupportPair,
     answer_text,
@@ -299,15 +300,10 @@ def questions(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> tup
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings:
-    s = get_settings(
-        data_dir=tmp_path_factory.mktemp("support-lib"),
-        corpus={"paper_ids": TRAIN_PAPERS + VAL_PAPERS},
-        embedding={"provider": "hash"},
-        topics={"k": 2},
-        threads=1,
-    )
-    assert build_library(s).papers_added == len(TRAIN_PAPERS + VAL_PAPERS)
+def lib(small_library: Callable[..., Settings]) -> Settings:
+    # Its own library (no other module asks for these papers): the tests train models into it.
+    s = small_library(corpus={"paper_ids": TRAIN_PAPERS + VAL_PAPERS}, threads=1)
+    assert sorted(r.id for r in list_papers(s)) == sorted(TRAIN_PAPERS + VAL_PAPERS)
     return s
 
 

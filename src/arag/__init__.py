@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from arag.version import __version__
+
 if TYPE_CHECKING:
     from arag.api import Library, ask
 
-__version__ = "0.1.0"
 __all__ = ["Library", "__version__", "ask"]
 
 

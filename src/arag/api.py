@@ -18,13 +18,14 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from arag.agent.chat import ChatHistory, Exchange, Rewrite, Rewriter, chat_db, validate_session_id
+from arag.agent.chat_history import ChatHistory, Exchange, chat_db, validate_session_id
+from arag.agent.follow_up import Rewrite, Rewriter
 from arag.agent.graph import Agent, build_agent, validate_question
 from arag.agent.hooks import RunHooks
 from arag.corpus.arxiv_ids import bare_arxiv_id
 from arag.errors import InputError, NotFoundError, StoreError
 from arag.library.build import BuildSummary, Progress
-from arag.library.manage import list_papers, open_for_search
+from arag.library.manage import list_papers, open_retrieval
 from arag.library.state import PaperRow
 from arag.llm.base import LLM
 from arag.llm.gguf import AssemblyProgress
@@ -89,33 +90,31 @@ class Library:
         progress: AssemblyProgress | None = None,
     ) -> None:
         from arag.llm.factory import get_llm
-        from arag.retrieval.hybrid import HybridRetriever
-        from arag.retrieval.pipeline import make_retriever
 
         self.settings = settings if settings is not None else get_settings()
         self._max_chars = self.settings.agent.max_question_chars
         self._lock = threading.Lock()
         self._closed = False
-        store, embedder = open_for_search(self.settings)
+        retrieval = open_retrieval(self.settings, reranker=reranker)
         try:
-            self._papers = list_papers(self.settings)
+            self._papers = retrieval.papers
             self._ids = frozenset(r.id for r in self._papers)
-            self.resolver = PaperResolver([(r.id, r.title) for r in self._papers])
-            self._hybrid = hybrid = HybridRetriever(store, embedder, self.settings.retrieval, self.resolver)
+            self.resolver = retrieval.resolver
+            self._hybrid = retrieval.hybrid
             # A model this library loaded is this library's to stop (a local one runs in processes).
             self._owns_llm = llm is None
             self.llm: LLM | None = llm if llm is not None else get_llm(self.settings, progress)
-            self.retriever: Retriever = make_retriever(self.settings, store, hybrid, reranker, llm=self.llm)
+            self.retriever: Retriever = retrieval.reranking(llm=self.llm)
             self.agent: Agent = build_agent(self.settings, self.retriever, self.llm)
             self.chat_history = ChatHistory(chat_db(self.settings))
         except BaseException:
-            store.close()
+            retrieval.close()
             close_llm = getattr(getattr(self, "llm", None), "close", None)
             if llm is None and close_llm is not None:
                 close_llm()
             raise
-        self._store = store
-        self._embedder = embedder
+        self._store = retrieval.store
+        self._embedder = retrieval.embedder
         # One writer at a time: ingests queue behind each other, searches go on meanwhile.
         self._ingest_lock = threading.Lock()
         c = self.settings.chat

@@ -16,8 +16,8 @@ from arag.agent.terms import (
     strip_instructions,
     strip_placeholders,
 )
-from arag.index.sparse import tokenize
 from arag.settings import AgentSettings
+from arag.text import tokenize
 
 GAP = " … "
 # A query's best passage that shares no word with the question still goes in (the reranker may

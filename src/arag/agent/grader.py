@@ -13,9 +13,9 @@ from arag.agent.context import build_context, context_budget, format_passages
 from arag.agent.deps import AgentDeps, ask_json
 from arag.agent.state import AgentState, Evidence, Grade, QueryOutcome, Step
 from arag.agent.terms import coverage, entities, has_entity, key_terms, term_words
-from arag.index.sparse import tokenize
 from arag.retrieval.resolve import PaperRef
 from arag.settings import AgentSettings
+from arag.text import tokenize
 
 
 def passage_text(e: Evidence) -> str:

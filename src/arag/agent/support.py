@@ -24,9 +24,9 @@ import numpy as np
 from arag.agent import prompts
 from arag.agent.terms import key_terms, strip_citations, strip_placeholders
 from arag.errors import AragError, ModelError, ModelUnavailable
-from arag.index.sparse import tokenize
 from arag.llm.base import LLM, ChatMessage
 from arag.models.reranker import CARD_FILE, MODEL_FILE, OnnxReranker
+from arag.text import tokenize
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from arag.agent.terms import (
     strip_placeholders,
 )
 from arag.errors import AragError, Cancelled, ModelUnavailable
-from arag.index.sparse import tokenize
 from arag.llm.base import ChatMessage
 from arag.records import AnswerType
+from arag.text import tokenize
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from arag.index.sparse import STOPWORDS, tokenize
 from arag.ingest.splitter import split_sentences
+from arag.text import STOPWORDS, tokenize
 
 # Words every research question uses: they say nothing about what the passages must hold.
 _GENERIC_TEXT = """

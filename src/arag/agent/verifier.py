@@ -15,8 +15,8 @@ from arag.agent.state import AgentState, ContextPassage, Draft, Grade, Step
 from arag.agent.support import SupportScorer
 from arag.agent.synthesizer import with_marker
 from arag.agent.terms import cited_numbers, coverage, key_terms, sentences, strip_citations
-from arag.index.sparse import tokenize
 from arag.records import Answer, AnswerType, Citation, PaperHit, UsedChunk
+from arag.text import tokenize
 
 UNSUPPORTED_MARK = " (not supported by the cited passages)"
 # A span answer must have this share of its words in the passages: a span comes from a paper.

@@ -13,7 +13,8 @@ from pydantic import BaseModel
 
 from arag.library.build import BuildSummary, Progress
 from arag.library.manage import build_library, library_status
-from arag.models.embedder import BaseEmbedder, get_embedder
+from arag.models.embedder import BaseEmbedder
+from arag.models.factory import get_embedder
 from arag.settings import Settings
 
 

@@ -44,20 +44,16 @@ def run_rerank_bench(
     start: Callable[[int], None] | None = None,
 ) -> RerankBench:
     """Score every question's library-wide fused list with the installed model at each length."""
-    from arag.eval.retrieval import load_questions
-    from arag.library.manage import load_resolver, open_for_search
+    from arag.corpus.qasper_questions import load_questions
+    from arag.library.manage import open_retrieval
     from arag.models.reranker import OnnxReranker
-    from arag.retrieval.hybrid import HybridRetriever
     from arag.train.calibrate import combined_scores, rank_metrics
     from arag.train.data import candidates_for
 
     qs = load_questions(questions_path, limit=limit)
-    store, embedder = open_for_search(settings)
-    try:
-        resolving = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
+    with open_retrieval(settings) as retrieval:
+        resolving = retrieval.hybrid
         cands = [candidates_for(q, resolving) for q in qs]
-    finally:
-        store.close()
     if start:
         start(len(cands) * len(lengths))
     baseline = rank_metrics(cands, [-np.arange(len(c.texts), dtype=np.float32) for c in cands])

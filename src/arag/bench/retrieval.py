@@ -49,9 +49,9 @@ def run_retrieval_bench(settings: Settings, questions: Sequence[str], *, warmup:
     """Time each stage over ``questions`` (medians), then whole searches and a cold start."""
     from arag.index.factory import open_store
     from arag.library.manage import open_for_search
-    from arag.models.embedder import get_embedder
+    from arag.models.factory import get_embedder
     from arag.models.reranker import get_reranker, pair_text
-    from arag.retrieval.pipeline import make_retriever
+    from arag.retrieval.pipeline import make_reranking_retriever
 
     store, _ = open_for_search(settings)  # validates the library; closed to time a fresh open
     dim = store.dim
@@ -75,7 +75,7 @@ def run_retrieval_bench(settings: Settings, questions: Sequence[str], *, warmup:
         plain = settings.model_copy(
             update={"retrieval": settings.retrieval.model_copy(update={"strategy": "plain"})}
         )
-        full = make_retriever(plain, store, retriever, reranker)
+        full = make_reranking_retriever(plain, store, retriever, reranker)
         stages: dict[str, list[float]] = {k: [] for k in ("embed", "dense", "sparse", "fuse", "rerank")}
         pool: list[int] = []
         for q in questions:

@@ -55,7 +55,7 @@ def export_base(settings_dir: Path, out: Path, queries: list[str], n: int = BASE
     """A sample of the built library's chunks and vectors, and the embedded queries, into ``out``."""
     from arag.index.qdrant_edge import EdgeStore
     from arag.library.state import LibraryState
-    from arag.models.embedder import get_embedder
+    from arag.models.factory import get_embedder
     from arag.settings import get_settings
 
     # The embedded store itself, whatever backend the settings name: the figures are about it.

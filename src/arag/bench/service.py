@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import time
 from contextlib import ExitStack
 
@@ -19,36 +18,7 @@ import httpx
 from pydantic import BaseModel
 
 from arag.settings import Settings
-
-QUESTIONS = (
-    "Which datasets are used to evaluate question answering over scientific papers?",
-    "How is the ontology induced from text?",
-    "What baselines do neural machine translation papers compare against?",
-    "How do the authors measure the quality of generated summaries?",
-    "What data is used to train sentiment classifiers for tweets?",
-    "Which languages are covered by the multilingual experiments?",
-    "How is the attention mechanism used in the question answering model?",
-    "What evaluation metrics are used for named entity recognition?",
-)
-
-
-class Latency(BaseModel):
-    n: int
-    p50_ms: float
-    p95_ms: float
-    max_ms: float
-
-    @classmethod
-    def of(cls, ms: list[float]) -> Latency:
-        s = sorted(ms)
-        if not s:
-            return cls(n=0, p50_ms=0.0, p95_ms=0.0, max_ms=0.0)
-        return cls(
-            n=len(s),
-            p50_ms=round(statistics.median(s), 2),
-            p95_ms=round(s[min(len(s) - 1, int(0.95 * len(s)))], 2),
-            max_ms=round(s[-1], 2),
-        )
+from arag.stress.common import QUESTIONS, Latency
 
 
 class StreamRun(BaseModel):
@@ -180,7 +150,7 @@ def run_service_bench(
 ) -> ServiceBench:
     """Start ``arag serve`` on the configured library (unless ``url``; ``env``: its extra settings,
     e.g. ``ARAG_LLM__PROCESSES``), run the clients, stop it; the figures."""
-    from arag.stress.api import serving  # it imports this module's figures
+    from arag.stress.api import serving
 
     with ExitStack() as stack:
         if url is None:

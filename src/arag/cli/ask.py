@@ -190,7 +190,7 @@ def ask_cmd(
 
 
 def _print_history(settings: Settings, session: str | None) -> None:
-    from arag.agent.chat import ChatHistory, chat_db, validate_session_id
+    from arag.agent.chat_history import ChatHistory, chat_db, validate_session_id
 
     if session is None:
         raise InputError("--history needs a session", where="--history", fix="add --session ID")
@@ -249,7 +249,7 @@ def chat_cmd(
     """Chat over the library. Follow-ups are rewritten into standalone questions from the session's
     earlier ones (by the LLM when there is one, else by rules); sessions persist in the data directory.
     Type /exit (or end the input) to leave."""
-    from arag.agent.chat import new_session_id, validate_session_id
+    from arag.agent.chat_history import new_session_id, validate_session_id
     from arag.agent.graph import validate_question
 
     if history:

@@ -34,12 +34,12 @@ app.add_typer(library_app, name="library")
 
 
 def _register_subapps() -> None:
-    from arag.bench.cli import bench_app
     from arag.cli.ask import register as register_ask
+    from arag.cli.bench import bench_app
     from arag.cli.corpus import corpus_app
+    from arag.cli.eval import eval_app
     from arag.cli.llm import llm_app
     from arag.cli.train import train_app
-    from arag.eval.cli import eval_app
 
     register_ask(app)
     from arag.cli.mcp import register as register_mcp
@@ -47,7 +47,7 @@ def _register_subapps() -> None:
 
     app.command("serve")(serve_cmd)
     register_mcp(app)
-    from arag.stress.cli import stress_app
+    from arag.cli.stress import stress_app
 
     app.add_typer(stress_app, name="stress", help="Reliability tests that print their figures (make stress).")
     app.add_typer(
@@ -288,11 +288,9 @@ def search_cmd(
 ) -> None:
     """Hybrid search (dense + BM25, fused with RRF), reranked by the cross-encoder."""
     from arag.agent.graph import validate_question
-    from arag.library.manage import load_resolver, open_for_search
+    from arag.library.manage import open_retrieval
     from arag.models.reranker import IdentityReranker
     from arag.records import SearchFilter
-    from arag.retrieval.hybrid import HybridRetriever
-    from arag.retrieval.pipeline import make_retriever
 
     if limit < 1:
         raise InputError(f"-k must be at least 1, got {limit}", where="-k", fix="ask for 1 or more passages")
@@ -312,18 +310,13 @@ def search_cmd(
                 "topics": [topic] if topic is not None else None,
             }
         )
-    store, embedder = open_for_search(settings)
-    try:
-        hybrid = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
+    with open_retrieval(settings, reranker=None if rerank else IdentityReranker()) as retrieval:
         llm = None
         if settings.retrieval.strategy != "plain":
             from arag.llm.factory import get_llm
 
             llm = get_llm(settings)  # multi-query / HyDE write with the LLM
-        retriever = make_retriever(settings, store, hybrid, None if rerank else IdentityReranker(), llm=llm)
-        result = retriever.search(query, flt)
-    finally:
-        store.close()
+        result = retrieval.reranking(llm=llm).search(query, flt)
     hits = result.ranked[:limit]
     if as_json:
         print(json.dumps([h.model_dump() for h in hits], indent=2))

@@ -19,7 +19,7 @@ train_app = typer.Typer(no_args_is_help=True)
 
 
 def _qasper(name: str) -> Path:
-    from arag.eval.retrieval import default_questions_path
+    from arag.corpus.qasper_questions import default_questions_path
 
     return default_questions_path().with_name(name)
 
@@ -56,12 +56,12 @@ def train_reranker_cmd(
     """Fine-tune the cross-encoder reranker from the packaged MiniLM weights on QASPER train, export it
     to ONNX, calibrate its bars on validation and install it with a model card."""
     from arag.models.reranker import CARD_FILE
-    from arag.train.pipeline import train_reranker
+    from arag.train.reranker_pipeline import train_reranker
 
     settings = load_settings()
     target = settings.reranker_dir
     if recalibrate:
-        from arag.train.pipeline import recalibrate as refit
+        from arag.train.reranker_pipeline import recalibrate as refit
 
         card = refit(settings, validation or _qasper("questions_validation.json"), progress=build_progress)
         _report(card, f"recalibrated {target}")
@@ -155,7 +155,7 @@ def train_support_cmd(
     MiniLM weights on QASPER train, measure it on validation pairs (alone, and combined with the
     lexical overlap) and install it with a model card."""
     from arag.models.reranker import CARD_FILE
-    from arag.train.support import recalibrate_support, train_support
+    from arag.train.support_pipeline import recalibrate_support, train_support
 
     settings = load_settings()
     target = settings.support_dir

@@ -22,7 +22,6 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from arag import __version__
 from arag.corpus.manifest import (
     HAND_PICKED_TOPIC,
     GateCounts,
@@ -35,7 +34,9 @@ from arag.corpus.manifest import (
     split_version,
 )
 from arag.errors import AragError, InputError, NetworkError
+from arag.http_retry import backoff_delay, retry_after_s
 from arag.settings import ArxivSettings
+from arag.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -149,14 +150,11 @@ def is_complete_pdf(path: Path) -> bool:
     return head == b"%PDF-" and b"%%EOF" in tail
 
 
-def _retry_after(resp: httpx.Response) -> float | None:
-    value = resp.headers.get("Retry-After", "")
-    return min(float(value), MAX_RETRY_AFTER_S) if value.isdigit() else None
-
-
 def _check_status(resp: httpx.Response, url: str) -> None:
     if resp.status_code == 429 or resp.status_code >= 500:
-        raise _Retryable(f"HTTP {resp.status_code}", _retry_after(resp))
+        raise _Retryable(
+            f"HTTP {resp.status_code}", retry_after_s(resp.headers.get("Retry-After"), MAX_RETRY_AFTER_S)
+        )
     if resp.status_code >= 400:
         raise NetworkError(
             f"arXiv answered HTTP {resp.status_code}",
@@ -213,7 +211,7 @@ class ArxivClient:
         retry_after: float | None = None
         for n in range(tries):
             if n:
-                backoff = self.settings.backoff_s * 2 ** (n - 1)
+                backoff = backoff_delay(n - 1, self.settings.backoff_s)
                 time.sleep(max(backoff, retry_after or 0.0))
                 log.info("retrying %s (try %d of %d) after %s", url, n + 1, tries, reason)
                 retry_after = None

@@ -35,9 +35,9 @@ from arag.corpus.pdf_layout import (
 )
 from arag.corpus.pdf_worker import PdfParser, serve_parses
 from arag.errors import IngestError
-from arag.index.sparse import STOPWORDS
 from arag.records import Paper, Section, Table
 from arag.settings import PdfSettings, get_settings
+from arag.text import STOPWORDS
 
 log = logging.getLogger(__name__)
 

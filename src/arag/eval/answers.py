@@ -43,6 +43,7 @@ from arag.agent import prompts
 from arag.agent.support import LexicalSupport
 from arag.agent.terms import cited_numbers, key_terms, strip_citations
 from arag.agent.verifier import split_claims
+from arag.corpus.qasper_questions import EvalQuestion, read_question_items
 from arag.errors import InputError
 from arag.eval.qasper_metrics import (
     FLOAT_MARKER,
@@ -55,7 +56,7 @@ from arag.eval.qasper_metrics import (
     score_references,
     token_f1_score,
 )
-from arag.eval.retrieval import EvalQuestion, bootstrap_ci, hits_per_rank, read_question_items
+from arag.eval.retrieval import bootstrap_ci, hits_per_rank
 from arag.records import Answer, Chunk, SearchFilter
 from arag.retrieval.pipeline import SearchResult
 

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from arag.corpus.qasper_questions import FLOAT_MARKER
 from arag.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,6 @@ logger = logging.getLogger(__name__)
 AnswerType = Literal["extractive", "abstractive", "boolean", "none"]
 ANSWER_TYPES: tuple[AnswerType, ...] = ("extractive", "abstractive", "boolean", "none")
 UNANSWERABLE = "Unanswerable"
-FLOAT_MARKER = "FLOAT SELECTED"
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

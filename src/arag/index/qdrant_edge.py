@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,25 +29,25 @@ import numpy as np
 import qdrant_edge as qe
 
 from arag.errors import StoreError
+from arag.index.payload import (
+    DENSE,
+    INTEGER_FIELDS,
+    KEYWORD_FIELDS,
+    SPARSE,
+    directory_size,
+    matches_nothing,
+    point_id,
+)
 from arag.index.store import PaperCount
 from arag.records import Chunk, ScoredChunk, SearchFilter, SparseVector
 
 log = logging.getLogger(__name__)
 
-DENSE = "dense"
-SPARSE = "bm25"
 _CONFIG_FILE = "edge_config.json"
 _SCROLL_PAGE = 2048
 # Facets return at most `limit` values; far above any library's paper count.
 _FACET_LIMIT = 10_000_000
-_KEYWORD_FIELDS = ("paper_id", "type")
-_INTEGER_FIELDS = ("year", "topic")
 _REBUILD_FIX = "rebuild the index with `arag library build --rebuild`"
-
-
-def point_id(chunk_id: str) -> str:
-    """The engine's point id for a chunk id (Qdrant ids must be integers or UUIDs)."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, chunk_id))
 
 
 def _edge_config(dim: int, threads: int | None) -> qe.EdgeConfig:
@@ -93,36 +91,8 @@ def build_filter(flt: SearchFilter | None) -> qe.Filter | None:
     return qe.Filter(must=must) if must else None
 
 
-def _matches_nothing(flt: SearchFilter | None) -> bool:
-    """An empty id/type/topic list, or an empty year range, selects no chunk at all."""
-    if flt is None:
-        return False
-    if any(v is not None and len(v) == 0 for v in (flt.paper_ids, flt.types, flt.topics)):
-        return True
-    return flt.year_min is not None and flt.year_max is not None and flt.year_min > flt.year_max
-
-
 def _paper_filter(paper_ids: Sequence[str]) -> qe.Filter:
     return qe.Filter(must=[qe.FieldCondition("paper_id", match=qe.MatchAny(list(paper_ids)))])
-
-
-def directory_size(path: Path) -> int:
-    """Bytes allocated on disk under ``path``.
-
-    The engine preallocates sparse files (32 MiB pages, mostly holes), so allocated blocks,
-    not apparent sizes, say what the index really costs; st_size is the fallback where the
-    platform has no st_blocks.
-    """
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                st = os.stat(os.path.join(root, name))
-            except OSError:
-                continue  # a segment file replaced by the optimizer while we walked
-            blocks = getattr(st, "st_blocks", None)
-            total += blocks * 512 if blocks is not None else st.st_size
-    return total
 
 
 class EdgeStore:
@@ -189,12 +159,12 @@ class EdgeStore:
     def _ensure_payload_indexes(self) -> None:
         with self._engine("create payload indexes"):
             existing = set(self._live().info().payload_schema)
-            for name in _KEYWORD_FIELDS:
+            for name in KEYWORD_FIELDS:
                 if name not in existing:
                     self._live().update(
                         qe.UpdateOperation.create_field_index(name, qe.PayloadSchemaType.Keyword)
                     )
-            for name in _INTEGER_FIELDS:
+            for name in INTEGER_FIELDS:
                 if name not in existing:
                     self._live().update(
                         qe.UpdateOperation.create_field_index(name, qe.PayloadSchemaType.Integer)
@@ -312,7 +282,7 @@ class EdgeStore:
     # -- reads -----------------------------------------------------------------------------------
 
     def _search(self, query: Any, limit: int, flt: SearchFilter | None, source: str) -> list[ScoredChunk]:
-        if limit <= 0 or _matches_nothing(flt):
+        if limit <= 0 or matches_nothing(flt):
             return []
         request = qe.QueryRequest(limit=limit, query=query, filter=build_filter(flt), with_payload=True)
         with self._engine(f"{source} search"):
@@ -343,46 +313,6 @@ class EdgeStore:
         query = qe.Query.Nearest(qe.SparseVector(list(vector.indices), list(vector.values)), using=SPARSE)
         return self._search(query, limit, flt, "sparse")
 
-    def hybrid_search(
-        self,
-        vector: np.ndarray,
-        terms: SparseVector,
-        limit: int,
-        flt: SearchFilter | None = None,
-        *,
-        prefetch_limit: int | None = None,
-        rrf_k: int = 60,
-    ) -> list[ScoredChunk]:
-        """Dense and BM25 searches fused by RRF in the engine, one query; source "hybrid".
-
-        The engine's RRF gives ``1 / (k + rank - 1)`` (rank from 1); arag's own fusion
-        (:mod:`arag.retrieval.fusion`) gives ``1 / (k + rank)`` and breaks ties differently.
-        """
-        vec = np.asarray(vector, dtype=np.float32).reshape(-1)
-        if vec.shape[0] != self.dim:
-            raise StoreError(
-                f"query vector has {vec.shape[0]} dimensions, the index has {self.dim}",
-                where=str(self.path),
-                fix=f"embed queries with the model the index was built with, or {_REBUILD_FIX}",
-            )
-        if limit <= 0 or _matches_nothing(flt):
-            return []
-        pl = prefetch_limit or limit
-        qfilter = build_filter(flt)
-        prefetches = [qe.Prefetch(pl, query=qe.Query.Nearest(vec.tolist(), using=DENSE), filter=qfilter)]
-        if terms.indices:
-            sv = qe.SparseVector(list(terms.indices), list(terms.values))
-            prefetches.append(qe.Prefetch(pl, query=qe.Query.Nearest(sv, using=SPARSE), filter=qfilter))
-        fusion: Any = qe.Fusion.Rrf(k=rrf_k)  # the stubs type `query` as Fusion, not its variants
-        request = qe.QueryRequest(
-            limit=limit, query=fusion, prefetches=prefetches, filter=qfilter, with_payload=True
-        )
-        with self._engine("hybrid search"):
-            hits = self._live().query(request)
-        return [
-            ScoredChunk(chunk=Chunk(**(h.payload or {})), score=float(h.score), source="hybrid") for h in hits
-        ]
-
     def scroll_points(self, batch: int = 256) -> Iterator[tuple[list[Chunk], np.ndarray, list[SparseVector]]]:
         """Every point as (chunks, dense rows, sparse vectors), ``batch`` at a time (for migrations)."""
         offset: Any = None
@@ -410,7 +340,7 @@ class EdgeStore:
 
     def count(self, flt: SearchFilter | None = None) -> int:
         """Exact number of chunks matching ``flt``."""
-        if _matches_nothing(flt):
+        if matches_nothing(flt):
             return 0
         with self._engine("count"):
             return int(self._live().count(qe.CountRequest(exact=True, filter=build_filter(flt))))

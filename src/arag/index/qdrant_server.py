@@ -29,13 +29,13 @@ from qdrant_client import models as qm
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from arag.errors import StoreError
-from arag.index.qdrant_edge import (
-    _INTEGER_FIELDS,
-    _KEYWORD_FIELDS,
+from arag.index.payload import (
     DENSE,
+    INTEGER_FIELDS,
+    KEYWORD_FIELDS,
     SPARSE,
-    _matches_nothing,
     directory_size,
+    matches_nothing,
     point_id,
 )
 from arag.index.store import PaperCount
@@ -185,8 +185,8 @@ class QdrantServerStore:
             return
         with self._engine("create payload indexes"):
             existing = set(self._live().get_collection(self.collection).payload_schema)
-            wanted = [(n, qm.PayloadSchemaType.KEYWORD) for n in _KEYWORD_FIELDS]
-            wanted += [(n, qm.PayloadSchemaType.INTEGER) for n in _INTEGER_FIELDS]
+            wanted = [(n, qm.PayloadSchemaType.KEYWORD) for n in KEYWORD_FIELDS]
+            wanted += [(n, qm.PayloadSchemaType.INTEGER) for n in INTEGER_FIELDS]
             for name, schema in wanted:
                 if name not in existing:
                     self._live().create_payload_index(self.collection, name, field_schema=schema, wait=True)
@@ -333,7 +333,7 @@ class QdrantServerStore:
     # -- reads -----------------------------------------------------------------------------------
 
     def _query(self, source: str, limit: int, flt: SearchFilter | None, **kw: Any) -> list[ScoredChunk]:
-        if limit <= 0 or _matches_nothing(flt):
+        if limit <= 0 or matches_nothing(flt):
             return []
         with self._engine(f"{source} search"):
             res = self._live().query_points(
@@ -369,32 +369,9 @@ class QdrantServerStore:
         query = qm.SparseVector(indices=list(vector.indices), values=list(vector.values))
         return self._query("sparse", limit, flt, query=query, using=SPARSE)
 
-    def hybrid_search(
-        self,
-        vector: np.ndarray,
-        terms: SparseVector,
-        limit: int,
-        flt: SearchFilter | None = None,
-        *,
-        prefetch_limit: int | None = None,
-        rrf_k: int = 60,
-    ) -> list[ScoredChunk]:
-        """Dense and BM25 searches fused by RRF in the engine, one request; source "hybrid".
-
-        The engine's RRF gives ``1 / (k + rank - 1)`` (rank from 1); arag's own fusion
-        (:mod:`arag.retrieval.fusion`) gives ``1 / (k + rank)`` and breaks ties differently.
-        """
-        pl = prefetch_limit or limit
-        qfilter = build_filter(flt)
-        prefetch = [qm.Prefetch(query=self._dense_query(vector), using=DENSE, filter=qfilter, limit=pl)]
-        if terms.indices:
-            sv = qm.SparseVector(indices=list(terms.indices), values=list(terms.values))
-            prefetch.append(qm.Prefetch(query=sv, using=SPARSE, filter=qfilter, limit=pl))
-        return self._query("hybrid", limit, flt, prefetch=prefetch, query=qm.RrfQuery(rrf=qm.Rrf(k=rrf_k)))
-
     def count(self, flt: SearchFilter | None = None) -> int:
         """Exact number of chunks matching ``flt``."""
-        if _matches_nothing(flt):
+        if matches_nothing(flt):
             return 0
         with self._engine("count"):
             return int(self._live().count(self.collection, count_filter=build_filter(flt), exact=True).count)

@@ -23,15 +23,17 @@ from pydantic import BaseModel, Field
 
 from arag.errors import ConfigError, IngestError
 from arag.index.factory import open_store
-from arag.index.sparse import BM25Encoder, tokenize
+from arag.index.sparse import BM25Encoder
 from arag.index.store import Store
 from arag.ingest.chunker import chunk_paper
 from arag.library.sources import keep_sources
 from arag.library.state import Failure, LibraryState, PaperRow
 from arag.library.topics import assign_nearest, kmeans, label_clusters
-from arag.models.embedder import BaseEmbedder, get_embedder
+from arag.models.embedder import BaseEmbedder
+from arag.models.factory import get_embedder
 from arag.records import Chunk, Paper
 from arag.settings import Settings
+from arag.text import tokenize
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,10 @@
-"""The library's operations, shared by the CLI, benchmarks and (later) the API."""
+"""The library's operations, shared by the CLI, benchmarks and the API."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
@@ -16,6 +17,11 @@ from arag.library.state import Failure, LibraryState, PaperRow
 from arag.models.embedder import BaseEmbedder
 from arag.retrieval.resolve import PaperResolver
 from arag.settings import Settings
+
+if TYPE_CHECKING:
+    from arag.llm.base import LLM
+    from arag.models.reranker import Reranker
+    from arag.retrieval.pipeline import Retriever
 
 
 def build_library(
@@ -135,14 +141,21 @@ def list_papers(settings: Settings, *, topic: int | None = None) -> list[PaperRo
 
 def open_for_search(settings: Settings) -> tuple[Store, BaseEmbedder]:
     """The built library's store and the embedder it was built with; a clear error if none."""
+    store, embedder, _ = _open_search(settings, with_papers=False)
+    return store, embedder
+
+
+def _open_search(settings: Settings, *, with_papers: bool) -> tuple[Store, BaseEmbedder, list[PaperRow]]:
+    """The store, the embedder and (``with_papers``) the papers, from one visit to the build state."""
     from arag.index.factory import open_store
-    from arag.models.embedder import get_embedder
+    from arag.models.factory import get_embedder
 
     state = LibraryState(settings.state_db)
     try:
         model = state.get_meta("embedding_model")
         dim = state.get_meta("embedding_dim")
         n = len(state.build_keys())
+        papers = state.papers() if with_papers else []
     finally:
         state.close()
     if model is None or dim is None or n == 0:
@@ -158,7 +171,80 @@ def open_for_search(settings: Settings) -> tuple[Store, BaseEmbedder]:
             where="ARAG_EMBEDDING__*",
             fix="set the embedding settings back, or rebuild: arag library build --rebuild",
         )
-    return open_store(settings, int(dim), create=False), embedder
+    return open_store(settings, int(dim), create=False), embedder, papers
+
+
+class OpenRetrieval:
+    """Retrieval over the open library: its store and embedder, its papers and their resolver, the
+    hybrid retriever with paper resolution (``hybrid``) and without (``plain``), and the reranking
+    retriever (``retriever``, loaded on first use). Close it (or use it in ``with``) to release the store."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        embedder: BaseEmbedder,
+        papers: list[PaperRow],
+        reranker: Reranker | None = None,
+        llm: LLM | None = None,
+    ) -> None:
+        from arag.retrieval.hybrid import HybridRetriever
+
+        self.settings = settings
+        self.store = store
+        self.embedder = embedder
+        self.papers = papers
+        self.resolver = PaperResolver([(r.id, r.title) for r in papers])
+        self.hybrid = HybridRetriever(store, embedder, settings.retrieval, self.resolver)
+        self.plain = HybridRetriever(store, embedder, settings.retrieval)
+        self._reranker = reranker
+        self._llm = llm
+        self._retriever: Retriever | None = None
+
+    @property
+    def retriever(self) -> Retriever:
+        """The reranking retriever with the reranker (None: the configured one) and LLM it was opened with."""
+        if self._retriever is None:
+            self._retriever = self.reranking()
+        return self._retriever
+
+    def reranking(
+        self, settings: Settings | None = None, reranker: Reranker | None = None, llm: LLM | None = None
+    ) -> Retriever:
+        """A reranking retriever over ``hybrid`` with other settings, reranker or LLM (the opened ones
+        where None)."""
+        from arag.retrieval.pipeline import make_reranking_retriever
+
+        return make_reranking_retriever(
+            settings if settings is not None else self.settings,
+            self.store,
+            self.hybrid,
+            reranker if reranker is not None else self._reranker,
+            llm=llm if llm is not None else self._llm,
+        )
+
+    def close(self) -> None:
+        """Release the store."""
+        self.store.close()
+
+    def __enter__(self) -> OpenRetrieval:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_retrieval(
+    settings: Settings, *, reranker: Reranker | None = None, llm: LLM | None = None
+) -> OpenRetrieval:
+    """Open the built library for retrieval (one visit to the build state): use it in ``with``.
+    ``reranker`` and ``llm`` are what ``.retriever`` uses (None: the configured reranker, no LLM)."""
+    store, embedder, papers = _open_search(settings, with_papers=True)
+    try:
+        return OpenRetrieval(settings, store, embedder, papers, reranker, llm)
+    except BaseException:
+        store.close()
+        raise
 
 
 def load_resolver(settings: Settings) -> PaperResolver:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from arag.index.sparse import STOPWORDS
+from arag.text import STOPWORDS
 
 _WORD = re.compile(r"[a-z][a-z0-9\-]{2,}")
 # Words that are frequent in every cluster of a paper library and so never distinguish a topic

@@ -18,7 +18,7 @@ def get_llm(settings: Settings, progress: AssemblyProgress | None = None) -> LLM
         return None
     llm: LLM
     if cfg.provider == "openai":
-        from arag.llm.openai_compat import OpenAICompatLLM
+        from arag.llm.openai_chat import OpenAICompatLLM
 
         llm = OpenAICompatLLM(cfg)
     else:

@@ -3,7 +3,7 @@
 ``LocalLLM`` implements the :class:`~arag.llm.base.LLM` protocol over one or more
 :class:`~arag.llm.process.ModelProcess` (``ARAG_LLM__PROCESSES``), each taking one request at a
 time: a request waits here, in arag, for a free process, so the HTTP timeout covers generation only.
-Requests go through :class:`~arag.llm.openai_compat.OpenAICompatLLM` (llama-cpp-python's server is
+Requests go through :class:`~arag.llm.openai_chat.OpenAICompatLLM` (llama-cpp-python's server is
 OpenAI-compatible). Token counts come from the model's vocabulary loaded in this process (no weights,
 no compute kernels), so context budgets stay exact without a round trip. A process that dies under a
 request costs that request a :class:`~arag.errors.ModelUnavailable` (503); the next one waits for
@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from arag.errors import AragError, ModelError, ModelUnavailable, NetworkError
 from arag.llm.base import ChatMessage, Completion
-from arag.llm.openai_compat import OpenAICompatLLM
+from arag.llm.openai_chat import OpenAICompatLLM
 from arag.llm.process import ModelProcess, ProcessInfo
 from arag.settings import LLMSettings
 

@@ -1,9 +1,10 @@
-"""Text embedders: the protocol, the shared batching/caching base class, the cache, and the factory.
+"""Text embedders: the protocol, the shared batching/caching base class, and the cache.
 
 Every provider (ONNX MiniLM, sentence-transformers, OpenAI-compatible HTTP, hash) implements only
 ``embed_batch`` and ``count_tokens``; :class:`BaseEmbedder` adds deduplication, a persistent
 sqlite cache keyed by model and text, length-sorted batching, and input-order results.
-Build embedders with :func:`get_embedder`, never by hand, so settings select the real or fake one.
+Build embedders with :func:`arag.models.factory.get_embedder`, never by hand, so settings select
+the real or fake one.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from arag.errors import ConfigError, InputError, ModelError, StoreError
-from arag.settings import EmbeddingSettings
 
 log = logging.getLogger(__name__)
 
@@ -284,40 +284,3 @@ class BaseEmbedder:
                 fix="check the model files; delete the embedding cache if it was written by a broken run",
             )
         return vecs
-
-
-# ---------------------------------------------------------------------------------------------
-# Factory
-# ---------------------------------------------------------------------------------------------
-
-
-def get_embedder(settings: EmbeddingSettings, cache_path: Path | None = None) -> BaseEmbedder:
-    """The embedder ``settings.provider`` names, with a sqlite cache at ``cache_path`` (None: no cache)."""
-    cache: Cache = EmbeddingCache(cache_path) if cache_path is not None else NullCache()
-    provider = settings.provider
-    try:
-        if provider == "onnx-minilm":
-            from arag.models.onnx_minilm import OnnxMiniLMEmbedder
-
-            return OnnxMiniLMEmbedder(settings, cache=cache)
-        if provider == "sentence-transformers":
-            from arag.models.hub import SentenceTransformerEmbedder
-
-            return SentenceTransformerEmbedder(settings, cache=cache)
-        if provider == "openai":
-            from arag.models.openai_compat import OpenAICompatEmbedder
-
-            return OpenAICompatEmbedder(settings, cache=cache)
-        if provider == "hash":
-            from arag.models.hash_embedder import HashEmbedder
-
-            return HashEmbedder(settings, cache=cache)
-    except BaseException:
-        cache.close()
-        raise
-    cache.close()
-    raise ConfigError(
-        f"unknown embedding provider {provider!r}",
-        where="ARAG_EMBEDDING__PROVIDER",
-        fix="use one of onnx-minilm, sentence-transformers, openai, hash",
-    )

@@ -108,7 +108,7 @@ class Retriever:
         )
 
 
-def make_retriever(
+def make_reranking_retriever(
     settings: Settings,
     store: Store,
     hybrid: HybridRetriever,

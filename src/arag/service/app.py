@@ -22,7 +22,6 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from arag import __version__
 from arag.api import Library
 from arag.errors import AragError, StoreError
 from arag.service.guard import PAGE_HEADERS, BodyTooLarge, Policy, RequestGuard, check_bind, error_response
@@ -31,6 +30,7 @@ from arag.service.runner import WorkPool
 from arag.service.schemas import ErrorBody
 from arag.service.security import KeyGuard, RateLimiter
 from arag.settings import Settings, get_settings
+from arag.version import __version__
 
 log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).parent / "web"

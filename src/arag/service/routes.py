@@ -13,7 +13,6 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
-from arag import __version__
 from arag.agent.graph import validate_question
 from arag.agent.hooks import RunHooks
 from arag.errors import AragError, Cancelled, InputError
@@ -38,6 +37,7 @@ from arag.service.schemas import (
     SystemInfo,
     TokenEvent,
 )
+from arag.version import __version__
 
 
 def _svc(request: Request) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -200,3 +201,35 @@ def consistency_problems(snap: LibrarySnapshot, papers_per_batch: int, *, after_
         if wrong:
             problems.append(f"{len(wrong)} chunks carry another topic than the state gives their paper")
     return problems
+
+
+# The questions the service benchmark and the load test ask, and their latency figures.
+QUESTIONS = (
+    "Which datasets are used to evaluate question answering over scientific papers?",
+    "How is the ontology induced from text?",
+    "What baselines do neural machine translation papers compare against?",
+    "How do the authors measure the quality of generated summaries?",
+    "What data is used to train sentiment classifiers for tweets?",
+    "Which languages are covered by the multilingual experiments?",
+    "How is the attention mechanism used in the question answering model?",
+    "What evaluation metrics are used for named entity recognition?",
+)
+
+
+class Latency(BaseModel):
+    n: int
+    p50_ms: float
+    p95_ms: float
+    max_ms: float
+
+    @classmethod
+    def of(cls, ms: list[float]) -> Latency:
+        s = sorted(ms)
+        if not s:
+            return cls(n=0, p50_ms=0.0, p95_ms=0.0, max_ms=0.0)
+        return cls(
+            n=len(s),
+            p50_ms=round(statistics.median(s), 2),
+            p95_ms=round(s[min(len(s) - 1, int(0.95 * len(s)))], 2),
+            max_ms=round(s[-1], 2),
+        )

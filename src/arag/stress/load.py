@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import httpx
 from pydantic import BaseModel, Field
 
-from arag.bench.service import QUESTIONS, Latency
+from arag.stress.common import QUESTIONS, Latency
 
 ROUTES = ("query", "stream", "search")
 HEALTH_P95_MS = 50.0

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from arag.eval.retrieval import EvalQuestion, hits_per_rank, library_query
+from arag.corpus.qasper_questions import EvalQuestion, library_query
+from arag.eval.retrieval import hits_per_rank
 from arag.models.reranker import pair_text
 from arag.records import ScoredChunk, SearchFilter
 from arag.retrieval.hybrid import HybridRetriever

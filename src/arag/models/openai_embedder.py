@@ -18,24 +18,12 @@ import httpx
 import numpy as np
 
 from arag.errors import ConfigError, ModelError, NetworkError
+from arag.http_retry import RETRY_STATUS, backoff_delay
 from arag.models.embedder import BaseEmbedder, Cache, l2_normalize
 from arag.models.onnx_minilm import count_minilm_tokens
 from arag.settings import EmbeddingSettings
 
 log = logging.getLogger(__name__)
-
-_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
-_MAX_RETRY_AFTER_S = 30.0
-
-
-def backoff_delay(attempt: int, base_s: float, retry_after: str | None = None) -> float:
-    """Seconds before retry ``attempt`` (0-based): the server's Retry-After if given, else doubling."""
-    if retry_after is not None:
-        try:
-            return min(max(float(retry_after), 0.0), _MAX_RETRY_AFTER_S)
-        except ValueError:
-            pass  # an HTTP date: fall back to our own schedule
-    return base_s * (2.0**attempt)
 
 
 class OpenAICompatEmbedder(BaseEmbedder):
@@ -116,7 +104,7 @@ class OpenAICompatEmbedder(BaseEmbedder):
                             where=self.url,
                             fix="check that ARAG_EMBEDDING__BASE_URL points at an OpenAI-compatible API",
                         ) from exc
-                if resp.status_code not in _RETRY_STATUS:
+                if resp.status_code not in RETRY_STATUS:
                     raise self._client_error(resp)
                 last = f"HTTP {resp.status_code}: {_excerpt(resp.text)}"
                 retry_after = resp.headers.get("Retry-After")

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
+from arag.corpus.qasper_questions import EvalQuestion, load_questions
 from arag.errors import ModelError
-from arag.eval.retrieval import EvalQuestion, load_questions
 from arag.library.build import Progress
 from arag.models.reranker import (
     CARD_FILE,
@@ -157,24 +157,20 @@ def calibrate(val: Sequence[Candidates], scores: Sequence[np.ndarray], settings:
 
 def recalibrate(settings: Settings, val_path: Path, *, progress: ProgressFactory = _quiet) -> ModelCard:
     """Refit the installed model's fusion weight and bars on validation (the weights are untouched)."""
-    from arag.library.manage import load_resolver, open_for_search
-    from arag.retrieval.hybrid import HybridRetriever
+    from arag.library.manage import open_retrieval
 
     model = OnnxReranker(
         settings.reranker_dir, threads=settings.rerank.threads, max_length=settings.rerank.max_length
     )
-    store, embedder = open_for_search(settings)
-    try:
-        val_qs = _in_library(load_questions(val_path), store.paper_ids(), "validation")
-        resolving = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
+    with open_retrieval(settings) as retrieval:
+        val_qs = _in_library(load_questions(val_path), retrieval.store.paper_ids(), "validation")
+        resolving = retrieval.hybrid
         with progress("validation candidates", "questions") as bar:
             bar.start(len(val_qs))
             val = []
             for q in val_qs:
                 val.append(candidates_for(q, resolving))
                 bar.advance(1)
-    finally:
-        store.close()
     with progress("scoring", "questions") as bar:
         bar.start(len(val))
         scores, ms = score_all(model, val, bar.advance)
@@ -225,18 +221,16 @@ def train_reranker(
     progress: ProgressFactory = _quiet,
 ) -> ModelCard:
     """Train, export, calibrate and install the reranker into ``settings.reranker_dir``."""
-    from arag.library.manage import load_resolver, open_for_search
-    from arag.retrieval.hybrid import HybridRetriever
+    from arag.library.manage import open_retrieval
 
     require_torch()
     t_start = time.perf_counter()
-    store, embedder = open_for_search(settings)
-    try:
-        papers = store.paper_ids()
+    with open_retrieval(settings) as retrieval:
+        papers = retrieval.store.paper_ids()
         train_qs = _in_library(load_questions(train_path, limit=train_limit), papers, "training")
         val_qs = _in_library(load_questions(val_path, limit=val_limit), papers, "validation")
-        plain = HybridRetriever(store, embedder, settings.retrieval)
-        resolving = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
+        plain = retrieval.plain
+        resolving = retrieval.hybrid
         lib = _library_key(settings)
         cache = settings.cache_dir / "reranker"
 
@@ -265,8 +259,6 @@ def train_reranker(
         val: list[Candidates] = cached(
             cache / f"val-{cache_key(val_path, lib, tag)}.json", Candidates, candidates_all
         )
-    finally:
-        store.close()
 
     with progress("training", "steps") as bar:
         net, stats = train_net(mined, cfg, on_start=bar.start, on_step=bar.advance)

@@ -14,7 +14,6 @@ from rich.table import Table
 
 from arag.cli.common import build_progress, console, handle_errors, load_settings
 from arag.errors import AragError, InputError
-from arag.eval.cli import eval_app
 from arag.records import Answer, SearchFilter
 
 if TYPE_CHECKING:
@@ -26,6 +25,11 @@ CONFIGS = ("naive", "extractive", "full", "no-verifier", "one-pass")
 NEEDS_LLM = frozenset({"naive", "full", "no-verifier", "one-pass"})
 PROVIDERS = ("llama-cpp", "openai", "extractive")
 Runner = Callable[[str, SearchFilter | None], Answer]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``answers`` to the ``arag eval`` group."""
+    app.command("answers")(eval_answers)
 
 
 def _make_llm(settings: Settings) -> LLM | None:
@@ -124,7 +128,6 @@ def print_reports(reports: list[ConfigReport]) -> None:
     console.print(failures)
 
 
-@eval_app.command("answers")
 @handle_errors
 def eval_answers(
     questions: Annotated[
@@ -154,6 +157,7 @@ def eval_answers(
     questions, citation validity, claim support and latency, with 95% bootstrap CIs and a failure
     taxonomy, for: naive RAG (dense top 5 -> LLM), extractive, full agent, without verifier, one pass."""
     from arag.agent import build_agent
+    from arag.corpus.qasper_questions import default_questions_path, library_query, questions_in_library
     from arag.eval.answers import (
         RecordingBackend,
         load_answer_questions,
@@ -163,11 +167,9 @@ def eval_answers(
         summarize,
     )
     from arag.eval.naive import NaiveRAG
-    from arag.eval.retrieval import check_limit, default_questions_path, library_query, questions_in_library
-    from arag.library.manage import list_papers, load_resolver, open_for_search
+    from arag.eval.retrieval import check_limit
+    from arag.library.manage import list_papers, open_retrieval
     from arag.models.reranker import get_reranker
-    from arag.retrieval.hybrid import HybridRetriever
-    from arag.retrieval.pipeline import make_retriever
 
     if scope not in ("library", "paper"):
         raise InputError(f"unknown scope {scope!r}", where="--scope", fix="use library or paper")
@@ -211,15 +213,14 @@ def eval_answers(
             where="--configs / --llm",
             fix="add extractive to --configs, or pass --llm llama-cpp",
         )
-    store, embedder = open_for_search(settings)
+    retrieval = open_retrieval(settings, llm=model)
     reports: list[ConfigReport] = []
     if traces:
         traces.parent.mkdir(parents=True, exist_ok=True)
     out = traces.open("w", encoding="utf-8") if traces else None
     try:
-        hybrid = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
         reranker = get_reranker(settings)  # loaded once, shared by every configuration
-        backend = RecordingBackend(make_retriever(settings, store, hybrid, reranker, llm=model))
+        backend = RecordingBackend(retrieval.reranking(reranker=reranker))
         runners: dict[str, Runner] = {}
         described: dict[str, dict[str, Any]] = {}
         llm_name = model.name if model is not None else None
@@ -227,8 +228,8 @@ def eval_answers(
             if c == "naive":
                 assert model is not None  # LLM configurations without one were skipped
                 naive = NaiveRAG(
-                    store,
-                    embedder,
+                    retrieval.store,
+                    retrieval.embedder,
                     model,
                     max_answer_tokens=settings.llm.max_answer_tokens,
                     book=backend.chunks,
@@ -287,7 +288,7 @@ def eval_answers(
                     bar.advance(1)
             reports.append(summarize(c, rows, qs, settings=described[c]))
     finally:
-        store.close()
+        retrieval.close()
         if out is not None:
             out.close()
     print_reports(reports)

@@ -32,15 +32,16 @@ import numpy as np
 from pydantic import BaseModel
 
 from arag.agent.support import LexicalSupport, platt
+from arag.corpus.qasper_questions import FLOAT_MARKER, EvalQuestion, read_question_items
 from arag.errors import ModelError
-from arag.eval.qasper_metrics import FLOAT_MARKER
-from arag.eval.retrieval import EvalQuestion, hits_per_rank, read_question_items
+from arag.eval.retrieval import hits_per_rank
 from arag.models.reranker import MODEL_FILE, ModelCard, OnnxReranker, file_sha256, pair_text, replace_card
 from arag.records import SearchFilter
 from arag.retrieval.hybrid import HybridRetriever
 from arag.settings import Settings
 from arag.train.data import _PAPER_CHUNKS, MinedQuestion, cache_key, cached, mine_question
-from arag.train.pipeline import (
+from arag.train.reranker import BASE_MODEL, TrainConfig, export_variants, require_torch, train_net
+from arag.train.reranker_pipeline import (
     ProgressFactory,
     _in_library,
     _library_key,
@@ -48,7 +49,6 @@ from arag.train.pipeline import (
     check_export,
     install_model,
 )
-from arag.train.reranker import BASE_MODEL, TrainConfig, export_variants, require_torch, train_net
 
 SUPPORT_FORMAT = 1
 WHERE = "arag train support"
@@ -439,15 +439,17 @@ def _mine(
     tag: str,
 ) -> tuple[list[SupportExample], int]:
     """Mined examples of a questions file (cached), and how many questions they come from."""
-    from arag.library.manage import load_resolver, open_for_search
+    from arag.library.manage import open_retrieval
 
-    store, embedder = open_for_search(settings)
-    try:
+    with open_retrieval(settings) as retrieval:
         items = load_answered(path, limit=limit)
-        kept = {q.question_id for q in _in_library([q for q, _ in items], store.paper_ids(), what, WHERE)}
+        kept = {
+            q.question_id
+            for q in _in_library([q for q, _ in items], retrieval.store.paper_ids(), what, WHERE)
+        }
         items = [(q, item) for q, item in items if q.question_id in kept]
-        plain = HybridRetriever(store, embedder, settings.retrieval)
-        resolving = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
+        plain = retrieval.plain
+        resolving = retrieval.hybrid
 
         def mine_all() -> list[SupportExample]:
             with progress(f"mining {what}", "questions") as bar:
@@ -462,8 +464,6 @@ def _mine(
         examples: list[SupportExample] = cached(
             settings.cache_dir / "support" / f"{tag}-{key}.json", SupportExample, mine_all
         )
-    finally:
-        store.close()
     return examples, len(items)
 
 

@@ -21,14 +21,13 @@ from urllib.parse import urlsplit
 import httpx
 
 from arag.errors import ConfigError, ModelError, NetworkError
+from arag.http_retry import RETRY_STATUS, backoff_delay
 from arag.llm.base import ChatMessage, Completion
-from arag.models.openai_compat import backoff_delay
 from arag.settings import LLMSettings
 
 log = logging.getLogger(__name__)
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
-_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 _JSON_INSTRUCTION = "Answer with only a JSON object, no other text, that matches this JSON schema:\n"
 
 
@@ -151,7 +150,7 @@ class OpenAICompatLLM:
                 log.warning("LLM request failed (%s); retrying in %.1fs", exc, delay)
                 self._sleep(delay)
                 continue
-            if resp.status_code in _RETRY_STATUS and not last:
+            if resp.status_code in RETRY_STATUS and not last:
                 retry_after = resp.headers.get("retry-after")
                 resp.read()
                 resp.close()
@@ -170,7 +169,7 @@ class OpenAICompatLLM:
         status = resp.status_code
         message = _error_message(resp)
         what = f"the LLM endpoint answered {status}: {message}"
-        if status in _RETRY_STATUS:
+        if status in RETRY_STATUS:
             raise NetworkError(
                 f"{what} (after {self.retries + 1} attempts)",
                 where=self.url,

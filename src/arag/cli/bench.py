@@ -72,7 +72,7 @@ def bench_retrieval(
     """Per-stage latency medians (embed, dense, sparse, fuse, rerank), 1 vs 3 sub-queries (sequential
     vs concurrent), with and without reranking, and cold start."""
     from arag.bench.retrieval import run_retrieval_bench
-    from arag.eval.retrieval import default_questions_path, library_query, load_questions
+    from arag.corpus.qasper_questions import default_questions_path, library_query, load_questions
 
     settings = load_settings()
     qs = [library_query(q) for q in load_questions(default_questions_path(), limit=queries)]
@@ -114,8 +114,8 @@ def bench_reranker(
 ) -> None:
     """The installed reranker at several input lengths: validation nDCG@10 against ms per candidate list."""
     from arag.bench.rerank import run_rerank_bench
+    from arag.corpus.qasper_questions import default_questions_path
     from arag.errors import InputError
-    from arag.eval.retrieval import default_questions_path
 
     try:
         sizes = [int(x) for x in lengths.split(",") if x.strip()]
@@ -266,8 +266,8 @@ def bench_scale(
     import tempfile
 
     from arag.bench.scale import run_scale_bench
+    from arag.corpus.qasper_questions import default_questions_path, library_query, load_questions
     from arag.errors import InputError
-    from arag.eval.retrieval import default_questions_path, library_query, load_questions
 
     try:
         wanted = [int(s) for s in sizes.split(",") if s.strip()]

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from arag.cli.common import build_progress, console, handle_errors, load_settings
+from arag.cli.eval_answers import register as register_answers
 from arag.errors import InputError
 from arag.records import ScoredChunk, SearchFilter
 from arag.settings import Settings
@@ -54,18 +55,15 @@ def eval_retrieval(
     """Evidence Recall@5/10/20, nDCG@10, MRR@10 and paper hit@5 with 95% bootstrap CIs, for the ablation
     in one run: dense only, BM25 only, hybrid RRF, + paper resolution, + rerank, + rerank + MMR; and, when
     named, + multi-query or + HyDE (hybrid+resolve with that query strategy, then rerank; need an LLM)."""
-    from arag.eval.retrieval import (
-        Scope,
-        check_limit,
+    from arag.corpus.qasper_questions import (
         count_skipped,
         default_questions_path,
-        evaluate_retrieval,
         load_questions,
         questions_in_library,
     )
+    from arag.eval.retrieval import Scope, check_limit, evaluate_retrieval
     from arag.index.sparse import BM25Encoder
-    from arag.library.manage import list_papers, load_resolver, open_for_search
-    from arag.retrieval.hybrid import HybridRetriever
+    from arag.library.manage import list_papers, open_retrieval
 
     if scope not in ("library", "paper", "both"):
         raise InputError(f"unknown scope {scope!r}", where="--scope", fix="use library, paper or both")
@@ -103,28 +101,25 @@ def eval_retrieval(
         )
     qs = qs[:limit] if limit is not None else qs
     skipped = count_skipped(qpath) if limit is None else 0
-    store, embedder = open_for_search(settings)
-    retriever = HybridRetriever(store, embedder, settings.retrieval)
-    resolving = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
+    retrieval = open_retrieval(settings)
+    store, embedder = retrieval.store, retrieval.embedder
+    retriever, resolving = retrieval.plain, retrieval.hybrid
     bm25 = BM25Encoder()
     depth = max(20, settings.retrieval.fused_k)
     reranking = {}
     if any(m.startswith("+rerank") or m in STRATEGY_METHODS for m in chosen):
         from arag.models.reranker import get_reranker
-        from arag.retrieval.pipeline import make_retriever
 
         model = get_reranker(settings)  # loaded once, shared by every reranked row
         plain = settings.retrieval.model_copy(update={"strategy": "plain"})  # whatever the config says
         for m in ("+rerank", "+rerank+mmr"):
             rs = settings.rerank.model_copy(update={"mmr": m.endswith("mmr")})
-            reranking[m] = make_retriever(
-                settings.model_copy(update={"rerank": rs, "retrieval": plain}), store, resolving, model
+            reranking[m] = retrieval.reranking(
+                settings.model_copy(update={"rerank": rs, "retrieval": plain}), model
             )
         for m in strategies:
             rt = settings.retrieval.model_copy(update={"strategy": STRATEGY_METHODS[m]})
-            reranking[m] = make_retriever(
-                settings.model_copy(update={"retrieval": rt}), store, resolving, model, llm
-            )
+            reranking[m] = retrieval.reranking(settings.model_copy(update={"retrieval": rt}), model, llm)
 
     def search_fn(method: str) -> Callable[[str, SearchFilter | None], list[ScoredChunk]]:
         def run(query: str, flt: SearchFilter | None) -> list[ScoredChunk]:
@@ -151,7 +146,7 @@ def eval_retrieval(
                     )
                 reports.append((method, rep))
     finally:
-        store.close()
+        retrieval.close()
     shown = ("recall@5", "recall@10", "recall@20", "ndcg@10", "mrr@10", "paper@5")
     console.print(
         f"{len(qs)} questions with text evidence ({skipped} without, skipped); mean ± 95% CI half-width"
@@ -198,15 +193,13 @@ def eval_anchors(
     """Anchor recall: each paper's own title, as a query (no title resolution), finds that paper."""
     import json
 
-    from arag.library.manage import list_papers, open_for_search
-    from arag.retrieval.hybrid import HybridRetriever
+    from arag.library.manage import open_retrieval
 
     settings = load_settings()
-    rows = list_papers(settings)
-    store, embedder = open_for_search(settings)
-    retriever = HybridRetriever(store, embedder, settings.retrieval)  # no resolver: retrieval alone
     misses: list[str] = []
-    try:
+    with open_retrieval(settings) as retrieval:
+        rows = retrieval.papers
+        retriever = retrieval.plain  # no resolver: retrieval alone
         with build_progress("anchors", unit="titles") as bar:
             bar.start(len(rows))
             for r in rows:
@@ -214,8 +207,6 @@ def eval_anchors(
                 if r.id not in {h.chunk.paper_id for h in hits}:
                     misses.append(r.id)
                 bar.advance(1)
-    finally:
-        store.close()
     rate = 1 - len(misses) / len(rows) if rows else 0.0
     console.print(
         f"anchor recall@{top}: {rate:.4f} ({len(rows) - len(misses)}/{len(rows)} titles find their paper)"
@@ -228,4 +219,4 @@ def eval_anchors(
         )
 
 
-from arag.eval import answers_cli as _answers_cli  # noqa: E402,F401
+register_answers(eval_app)

@@ -1,0 +1,41 @@
+"""Choosing the embedder the settings name: the one place that knows every provider's module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from arag.errors import ConfigError
+from arag.models.embedder import BaseEmbedder, Cache, EmbeddingCache, NullCache
+from arag.settings import EmbeddingSettings
+
+
+def get_embedder(settings: EmbeddingSettings, cache_path: Path | None = None) -> BaseEmbedder:
+    """The embedder ``settings.provider`` names, with a sqlite cache at ``cache_path`` (None: no cache)."""
+    cache: Cache = EmbeddingCache(cache_path) if cache_path is not None else NullCache()
+    provider = settings.provider
+    try:
+        if provider == "onnx-minilm":
+            from arag.models.onnx_minilm import OnnxMiniLMEmbedder
+
+            return OnnxMiniLMEmbedder(settings, cache=cache)
+        if provider == "sentence-transformers":
+            from arag.models.hub import SentenceTransformerEmbedder
+
+            return SentenceTransformerEmbedder(settings, cache=cache)
+        if provider == "openai":
+            from arag.models.openai_embedder import OpenAICompatEmbedder
+
+            return OpenAICompatEmbedder(settings, cache=cache)
+        if provider == "hash":
+            from arag.models.hash_embedder import HashEmbedder
+
+            return HashEmbedder(settings, cache=cache)
+    except BaseException:
+        cache.close()
+        raise
+    cache.close()
+    raise ConfigError(
+        f"unknown embedding provider {provider!r}",
+        where="ARAG_EMBEDDING__PROVIDER",
+        fix="use one of onnx-minilm, sentence-transformers, openai, hash",
+    )

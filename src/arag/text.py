@@ -1,0 +1,61 @@
+"""Words of English text as arag counts them: the tokenizer behind BM25, lexical overlap and topic
+labels, and the stopword list.
+
+Tokenizer rules:
+
+- Unicode NFKD with accents dropped ("naïve" -> "naive"), then lowercase.
+- QASPER placeholders (``BIBREF12``, ``TABREF3``, ``FIGREF1``, ``SECREF2``, ``EQREF4``,
+  ``INLINEFORM0``, ``DISPLAYFORM0``) are removed first: they are meaningless and frequent
+  enough to dominate document lengths.
+- Tokens are runs of letters and digits; a dot between digits stays inside the token, so
+  "3.5", "v1.5" and "1810.04805" survive whole, while "corpus.2" (a footnote mark) splits.
+  Hyphens, apostrophes and other punctuation split ("pre-trained" -> "pre", "trained").
+- One-character tokens are dropped unless they are a digit ("3 layers" keeps "3").
+- English stopwords (NLTK's list, fixed below) are dropped, then tokens are stemmed with
+  Snowball English (PyStemmer). Mixed tokens such as "gpt2", "f1", "bert" pass unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+import Stemmer
+
+# NLTK's English stopword list (179 words), frozen here so nothing is downloaded.
+_STOPWORDS_TEXT = """
+    i me my myself we our ours ourselves you you're you've you'll you'd your yours yourself
+    yourselves he him his himself she she's her hers herself it it's its itself they them their
+    theirs themselves what which who whom this that that'll these those am is are was were be
+    been being have has had having do does did doing a an the and but if or because as until
+    while of at by for with about against between into through during before after above below
+    to from up down in out on off over under again further then once here there when where why
+    how all any both each few more most other some such no nor not only own same so than too
+    very s t can will just don don't should should've now d ll m o re ve y ain aren aren't
+    couldn couldn't didn didn't doesn doesn't hadn hadn't hasn hasn't haven haven't isn isn't
+    ma mightn mightn't mustn mustn't needn needn't shan shan't shouldn shouldn't wasn wasn't
+    weren weren't won won't wouldn wouldn't
+"""
+STOPWORDS: frozenset[str] = frozenset(_STOPWORDS_TEXT.split())
+
+# S2ORC/QASPER stand-ins for citations, tables, figures, sections, equations and formulas.
+_PLACEHOLDER = re.compile(r"(?:BIBREF|TABREF|FIGREF|SECREF|EQREF|INLINEFORM|DISPLAYFORM)\d+", re.IGNORECASE)
+# A token ending in a digit may continue with ".<digits>" (decimals, versions, arXiv ids).
+_TOKEN = re.compile(r"[^\W_]*\d(?:\.\d+)+|[^\W_]+")
+
+_STEMMER = Stemmer.Stemmer("english")
+
+
+def _fold(text: str) -> str:
+    """Lowercase and strip accents (NFKD, combining marks dropped)."""
+    if text.isascii():  # the common case, and ~20x cheaper
+        return text.lower()
+    decomposed = unicodedata.normalize("NFKD", text)
+    return "".join(ch for ch in decomposed if not unicodedata.combining(ch)).lower()
+
+
+def tokenize(text: str) -> list[str]:
+    """The BM25 terms of ``text``, in order (see the module docstring for the rules)."""
+    folded = _fold(_PLACEHOLDER.sub(" ", text))
+    words = [w for w in _TOKEN.findall(folded) if (len(w) > 1 or w.isdigit()) and w not in STOPWORDS]
+    return list(_STEMMER.stemWords(words))
