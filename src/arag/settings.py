@@ -264,6 +264,12 @@ class ServiceSettings(BaseModel):
     max_upload_files: int = Field(default=20, ge=1)
     # Finished ingest jobs remembered for GET /ingest/{id}.
     jobs_kept: int = Field(default=100, ge=1)
+    # arag serve builds an empty or interrupted default library in the background while it answers
+    # over what is indexed so far, then trains the reranker (searches use the fused order until then).
+    build_library: bool = True
+    train_reranker: bool = True
+    # The nice value of that background work (per thread): on 2 cores, questions come first.
+    background_nice: int = Field(default=19, ge=0, le=19)
 
 
 class Settings(BaseSettings):

@@ -22,7 +22,9 @@ from pydantic import BaseModel
 
 from arag.errors import ModelError
 from arag.eval.retrieval import EvalQuestion, load_questions
+from arag.index.store import Store
 from arag.library.build import Progress
+from arag.models.embedder import BaseEmbedder
 from arag.models.reranker import (
     CARD_FILE,
     MODEL_FILE,
@@ -223,14 +225,17 @@ def train_reranker(
     train_limit: int | None = None,
     val_limit: int | None = None,
     progress: ProgressFactory = _quiet,
+    library: tuple[Store, BaseEmbedder] | None = None,
 ) -> ModelCard:
-    """Train, export, calibrate and install the reranker into ``settings.reranker_dir``."""
+    """Train, export, calibrate and install the reranker into ``settings.reranker_dir``.
+    ``library``: mine through a store and embedder this process holds open (the service trains in
+    the background); it is left open."""
     from arag.library.manage import load_resolver, open_for_search
     from arag.retrieval.hybrid import HybridRetriever
 
     require_torch()
     t_start = time.perf_counter()
-    store, embedder = open_for_search(settings)
+    store, embedder = library if library is not None else open_for_search(settings)
     try:
         papers = store.paper_ids()
         train_qs = _in_library(load_questions(train_path, limit=train_limit), papers, "training")
@@ -266,7 +271,8 @@ def train_reranker(
             cache / f"val-{cache_key(val_path, lib, tag)}.json", Candidates, candidates_all
         )
     finally:
-        store.close()
+        if library is None:
+            store.close()
 
     with progress("training", "steps") as bar:
         net, stats = train_net(mined, cfg, on_start=bar.start, on_step=bar.advance)
