@@ -25,6 +25,7 @@ from arag.service.background import open_serving_library
 from arag.settings import Settings, get_settings
 from arag.stress.common import cli_command, cli_env, snapshot
 from arag.stress.crash import check_consistency
+from conftest import qasper_papers
 from service_util import echo_llm, free_port, running_server
 
 PAPERS = 24
@@ -84,6 +85,13 @@ def test_an_empty_library_serves_at_once_and_answers_over_what_is_indexed(
             mid = wait_for(url, lambda b: b["papers"] >= 4 and b["state"] == "building")
             assert mid["build"]["papers_total"] == PAPERS and mid["build"]["chunks_done"] > 0
             assert mid["build"]["papers_per_s"] > 0 and mid["build"]["eta_s"] is not None
+            # A paper not indexed yet (the corpus's last: the last batch's): a 404 saying why.
+            last = qasper_papers(PAPERS)[-1].id
+            r = httpx.post(f"{url}/query", json={"question": "What is it?", "papers": [last]}, timeout=60)
+            if r.status_code == 404:
+                assert "still being built" in r.json()["error"] and "GET /ready" in r.json()["fix"]
+            else:  # the build got there first
+                assert r.status_code == 200, r.text
             indexed = {p["id"]: p["title"] for p in httpx.get(f"{url}/papers?limit=200").json()["papers"]}
             pid, title = next(iter(indexed.items()))
             q = f"In the paper '{title}': what do the authors propose?"

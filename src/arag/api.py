@@ -166,7 +166,19 @@ class Library:
 
     def check_papers(self, ids: Sequence[str] | None, *, where: str = "papers") -> list[str] | None:
         """Paper ids as the library spells them; an InputError for any it does not hold."""
-        return check_paper_ids(ids, self._ids, where=where)
+        try:
+            return check_paper_ids(ids, self._ids, where=where)
+        except NotFoundError as exc:
+            if not self._building:
+                raise
+            cov = self.coverage()
+            raise NotFoundError(
+                f"{exc.what}; the library is still being built ({cov.papers} of {cov.of} papers "
+                "indexed so far)",
+                where=exc.where,
+                fix="retry once the paper is indexed (GET /ready shows the build's progress), "
+                + (exc.fix or ""),
+            ) from exc
 
     def paper(self, paper_id: str) -> PaperRow:
         """One paper's record; a NotFoundError for an id the library does not hold."""

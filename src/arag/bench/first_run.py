@@ -10,6 +10,7 @@ cost of the background work to a user's questions is measured in the same run.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import statistics
@@ -58,7 +59,10 @@ class Latency(BaseModel):
 class FirstRunResult(BaseModel):
     """Seconds from the start of ``arag serve`` in a fresh data directory, and the probes' latency."""
 
-    papers: int = Field(description="papers of the library built (QASPER, in corpus order)")
+    papers: int = Field(
+        description="papers of the library built (QASPER: a quarter with validation questions, the rest "
+        "with training questions, in corpus order; without training the corpus's first)"
+    )
     llm: str
     setup_s: float | None = Field(description="set-up (`make venv`) as measured by the caller, if given")
     health_s: float | None = Field(description="to GET /health answering")
@@ -82,6 +86,37 @@ class FirstRunResult(BaseModel):
     )
     before: dict[str, float] = Field(default_factory=lambda: dict(BEFORE))
     log_tail: str = ""
+
+
+def sample_papers(n: int) -> list[str]:
+    """``n`` QASPER papers in corpus order, a quarter of them with validation questions and the rest
+    with training questions (the corpus starts with training papers only: a library of its first
+    papers could not calibrate a reranker)."""
+    import json
+
+    from arag.corpus.qasper import load_qasper
+    from arag.settings import find_shared_dir, get_settings
+
+    shared = find_shared_dir()
+    qdir = shared / "benchmarks" / "qasper" if shared else None
+    if qdir is None or not (qdir / "questions_validation.json").is_file():
+        raise ConfigError(
+            "no QASPER questions beside the repository", where="../shared/benchmarks/qasper",
+            fix="put the benchmark there, or run with --no-train",
+        )  # fmt: skip
+    split = {}
+    for name in ("train", "validation"):
+        for q in json.loads((qdir / f"questions_{name}.json").read_text()):
+            split[q["paper_id"]] = name
+    quota = {"validation": n // 4, "train": n - n // 4}
+    papers, _ = load_qasper(get_settings().corpus.qasper_path)
+    out: list[str] = []
+    for p in papers:
+        kind = split.get(p.id)
+        if kind is not None and quota[kind] > 0:
+            quota[kind] -= 1
+            out.append(p.id)
+    return out
 
 
 def _get(http: httpx.Client, path: str) -> tuple[int, float]:
@@ -117,7 +152,10 @@ def run_first_run_bench(
         )
     log = data.parent / f"{data.name}-serve.log"
     env = {"ARAG_SERVICE__PORT": str(port), "ARAG_SERVICE__HOST": "127.0.0.1", "ARAG_LLM__CACHE": "false"}
-    if papers:
+    if papers and train:
+        # Training needs validation papers in the library: a mixed sample, not the corpus's first.
+        env["ARAG_CORPUS__PAPER_IDS"] = json.dumps(sample_papers(papers))
+    elif papers:
         env["ARAG_CORPUS__MAX_PAPERS"] = str(papers)
     if llm:
         env["ARAG_LLM__PROVIDER"] = llm
