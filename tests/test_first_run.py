@@ -254,3 +254,32 @@ def test_a_reranker_trained_while_serving_is_picked_up(tmp_path: Path, shared_di
     finally:
         lib.close()
     assert calls == ["train"] and (settings.reranker_dir / "card.json").is_file()
+
+
+def test_bench_first_run_times_a_small_first_run(
+    tmp_path: Path, qasper_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`arag bench first-run` end to end on 6 papers (hash embedder, extractive answers, no training):
+    every figure it reports comes from the run, in the order a user meets them."""
+    from arag.bench.first_run import FirstRunResult, run_first_run_bench
+
+    for var, value in {
+        "ARAG_EMBEDDING__PROVIDER": "hash",
+        "ARAG_TOPICS__K": "2",
+        "ARAG_STORE__PAPERS_PER_BATCH": "2",
+        "ARAG_RERANK__PROVIDER": "none",
+    }.items():
+        monkeypatch.setenv(var, value)
+    data = tmp_path / "fresh"
+    data.mkdir()
+    r = run_first_run_bench(
+        papers=6, llm="extractive", train=False, port=free_port(), data_dir=data, echo=lambda _: None
+    )
+    assert r.health_s is not None and r.page_s is not None and 0 < r.health_s <= r.page_s
+    assert r.first_answer_s is not None and r.first_answer_s >= r.health_s
+    assert r.first_answer_papers is not None and 1 <= r.first_answer_papers <= 6
+    assert r.build_s is not None and r.build_s >= r.health_s and r.reranker_s is None
+    assert r.chunks > 0 and r.health_idle.n == 40 and r.search_idle.n >= 5
+    assert r.full_build_s_extrapolated is not None and r.full_build_s_extrapolated > 0
+    assert r.before["page_s"] == 17 * 60 + 4347 + 1257
+    assert FirstRunResult.model_validate_json(r.model_dump_json()) == r

@@ -215,6 +215,10 @@ class Library:
     def reranker_name(self) -> str:
         return self.retriever.stage.reranker.name
 
+    def expect_build(self) -> None:
+        """Mark the library as being built from now on (the build itself starts a moment later)."""
+        self._building = True
+
     def set_reranker(self, reranker: Reranker) -> None:
         """Rerank with ``reranker`` from the next search on (a model trained while serving)."""
         self.retriever.stage.reranker = reranker

@@ -120,6 +120,8 @@ class Background:
     def start(self) -> None:
         if self.target is None and not self._train_wanted:
             return
+        if self.target is not None:
+            self.library.expect_build()  # answers say "still being built" from the first one
         self._thread = threading.Thread(target=self._run, name="arag-background", daemon=True)
         self._thread.start()
 
