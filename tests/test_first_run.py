@@ -283,3 +283,73 @@ def test_bench_first_run_times_a_small_first_run(
     assert r.full_build_s_extrapolated is not None and r.full_build_s_extrapolated > 0
     assert r.before["page_s"] == 17 * 60 + 4347 + 1257
     assert FirstRunResult.model_validate_json(r.model_dump_json()) == r
+
+
+def test_searches_while_batches_are_written_see_whole_papers(tmp_path: Path) -> None:
+    """The store contract the background build relies on: one thread writes batches (delete + one
+    upsert per batch, as the build does) while another searches the same open Edge shard; every
+    search sees each paper with all of its chunks or with none, and never fails."""
+    import threading
+
+    import numpy as np
+
+    from arag.index.qdrant_edge import EdgeStore
+    from arag.index.sparse import BM25Encoder
+    from arag.records import Chunk, chunk_id
+
+    dim, per_paper, papers = 16, 7, 60
+    rng = np.random.default_rng(0)
+    enc = BM25Encoder(avg_len=4.0)
+    store = EdgeStore.open(tmp_path / "index", dim)
+    seen: list[dict[str, int]] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def write() -> None:
+        try:
+            for start in range(0, papers, 3):
+                batch = []
+                for p in range(start, start + 3):
+                    pid = f"p{p:03d}"
+                    store.delete_paper(pid)
+                    for i in range(per_paper):
+                        text = f"shared words paper {pid} part {i}"
+                        batch.append(Chunk(
+                            id=chunk_id(pid, i, text), paper_id=pid, index=i, title=pid, type="passage",
+                            text=text, embed_text=text, n_tokens=6,
+                        ))  # fmt: skip
+                vecs = rng.normal(size=(len(batch), dim)).astype(np.float32)
+                store.upsert(batch, vecs, [enc.encode_document(c.text) for c in batch])
+                store.flush()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.set()
+
+    def read() -> None:
+        try:
+            while not done.is_set():
+                hits = store.dense_search(rng.normal(size=dim).astype(np.float32), papers * per_paper)
+                counts: dict[str, int] = {}
+                for h in hits:
+                    counts[h.chunk.paper_id] = counts.get(h.chunk.paper_id, 0) + 1
+                seen.append(counts)
+                terms = store.sparse_search(enc.encode_query("shared words"), papers * per_paper)
+                seen.append({pid: sum(1 for h in terms if h.chunk.paper_id == pid) for pid in {
+                    h.chunk.paper_id for h in terms}})  # fmt: skip
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=write), threading.Thread(target=read)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        assert len(seen) > 2 and any(0 < len(c) < papers for c in seen), "no search ran mid-build"
+        for counts in seen:
+            assert all(n == per_paper for n in counts.values()), counts
+        assert store.count() == papers * per_paper
+    finally:
+        store.close()
