@@ -304,10 +304,13 @@ def bench_first_run(
     lat = Table("latency", "p50 / p95 / max ms (n)", title="while the background work runs vs idle",
                 title_justify="left")  # fmt: skip
     for name, v in (
-        ("/health, background work running", r.health_building),
+        ("/health, while the library builds", r.health_building),
+        ("/health, while the reranker trains", r.health_training),
         ("/health, idle", r.health_idle),
-        ("/search, background work running", r.search_building),
-        ("/search, idle", r.search_idle),
+        ("/search hybrid (server ms), while the library builds", r.search_building),
+        ("/search hybrid (server ms), while the reranker trains", r.search_training),
+        ("/search hybrid (server ms), idle", r.search_idle),
+        ("/search rerank stage (server ms), idle", r.search_idle_rerank),
     ):
         lat.add_row(name, f"{v.p50_ms} / {v.p95_ms} / {v.max_ms} ({v.n})")
     console.print(lat)

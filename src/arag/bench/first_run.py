@@ -83,10 +83,15 @@ class FirstRunResult(BaseModel):
     build_papers_per_s: float | None = None
     build_chunks_per_s: float | None = None
     chunks: int = 0
-    health_building: Latency
-    health_idle: Latency
+    health_building: Latency = Field(description="GET /health while the library builds")
+    health_training: Latency = Field(description="GET /health while the reranker trains")
+    health_idle: Latency = Field(description="GET /health with nothing in the background")
+    # POST /search's hybrid search as the server times it (timings.search: embed, dense, BM25, fusion),
+    # without the rerank stage, which only the idle server has: like against like.
     search_building: Latency
+    search_training: Latency
     search_idle: Latency
+    search_idle_rerank: Latency = Field(description="the rerank stage of those idle searches")
     full_build_s_extrapolated: float | None = Field(
         default=None,
         description=f"the build's rate scaled to {FULL_LIBRARY} papers (an extrapolation, not a run)",
@@ -146,10 +151,13 @@ def _get(http: httpx.Client, path: str) -> tuple[int, float]:
     return r.status_code, 1000 * (time.perf_counter() - t0)
 
 
-def _search_ms(http: httpx.Client, query: str) -> float | None:
-    t0 = time.perf_counter()
+def _search_ms(http: httpx.Client, query: str) -> tuple[float, float] | None:
+    """The server's hybrid-search and rerank milliseconds of one POST /search."""
     r = http.post("/search", json={"query": query, "k": 10})
-    return 1000 * (time.perf_counter() - t0) if r.status_code == 200 else None
+    if r.status_code != 200:
+        return None
+    t = r.json()["timings"]
+    return float(t.get("search", 0.0)), float(t.get("rerank", 0.0))
 
 
 def run_first_run_bench(
@@ -188,8 +196,9 @@ def run_first_run_bench(
         "llm": llm or "configured",
         "setup_s": setup_s,
     }
-    health_b: list[float] = []
-    search_b: list[float] = []
+    health_b: dict[str, list[float]] = {"build": [], "train": []}
+    search_b: dict[str, list[float]] = {"build": [], "train": []}
+    phase = ["build"]
     stop = threading.Event()
     with log.open("wb") as out:
         t0 = time.monotonic()
@@ -224,18 +233,15 @@ def run_first_run_bench(
             page = http.get("/")
             result["page_s"] = round(time.monotonic() - t0, 2) if page.status_code == 200 else None
 
-            # /health probed every 250 ms for the whole run (the building figures keep those taken
-            # while the build or the training runs).
-            busy = threading.Event()
-            busy.set()
+            # /health probed every 250 ms while the build, then the training, runs.
 
             def probe() -> None:
                 with httpx.Client(base_url=url, timeout=30) as h:
                     while not stop.is_set():
                         try:
                             _code, ms = _get(h, "/health")
-                            if busy.is_set():
-                                health_b.append(ms)
+                            if phase[0] in health_b:
+                                health_b[phase[0]].append(ms)
                         except httpx.HTTPError:
                             pass
                         time.sleep(0.25)
@@ -283,7 +289,7 @@ def run_first_run_bench(
                 if building and time.monotonic() - last_search > 2.0:
                     ms = _search_ms(http, "which datasets are used for evaluation")
                     if ms is not None:
-                        search_b.append(ms)
+                        search_b["build"].append(ms[0])
                     last_search = time.monotonic()
                 if "build_s" not in result and ready.get("state") == "complete":
                     result["build_s"] = round(time.monotonic() - t0, 2)
@@ -293,12 +299,14 @@ def run_first_run_bench(
                     say(f"library complete after {result['build_s']} s ({ready.get('papers')} papers)")
                 rr = ready.get("reranker") or {}
                 training = rr.get("state") in ("waiting", "training")
+                if not building:
+                    phase[0] = "train" if training else "idle"
                 if "build_s" in result and first_answer is not None and not training:
                     break
                 if "build_s" in result and training and time.monotonic() - last_search > 2.0:
                     ms = _search_ms(http, "which datasets are used for evaluation")
                     if ms is not None:
-                        search_b.append(ms)
+                        search_b["train"].append(ms[0])
                     last_search = time.monotonic()
                 time.sleep(0.5)
             rr = ready.get("reranker") or {}
@@ -307,18 +315,20 @@ def run_first_run_bench(
                 result["reranker_s"] = round(time.monotonic() - t0, 2)
             result["attempts"] = attempts
             result["chunks"] = int(ready.get("chunks") or 0)
-            busy.clear()
+            phase[0] = "idle"
             # The idle baseline: the same probes, nothing running in the background.
             idle_h: list[float] = []
             idle_s: list[float] = []
+            idle_r: list[float] = []
             time.sleep(1.0)
             for _ in range(40):
                 idle_h.append(_get(http, "/health")[1])
                 time.sleep(0.05)
-            for _ in range(max(5, min(20, len(search_b)))):
+            for _ in range(20):
                 ms = _search_ms(http, "which datasets are used for evaluation")
                 if ms is not None:
-                    idle_s.append(ms)
+                    idle_s.append(ms[0])
+                    idle_r.append(ms[1])
             stop.set()
             prober.join(timeout=5)
     finally:
@@ -336,10 +346,13 @@ def run_first_run_bench(
         full = round(FULL_LIBRARY / float(build_rate), 0)
     res = FirstRunResult(
         **result,  # type: ignore[arg-type]
-        health_building=Latency.of(health_b),
+        health_building=Latency.of(health_b["build"]),
+        health_training=Latency.of(health_b["train"]),
         health_idle=Latency.of(idle_h),
-        search_building=Latency.of(search_b),
+        search_building=Latency.of(search_b["build"]),
+        search_training=Latency.of(search_b["train"]),
         search_idle=Latency.of(idle_s),
+        search_idle_rerank=Latency.of(idle_r),
         full_build_s_extrapolated=full,
         log_tail=tail(log, 800),
     )
