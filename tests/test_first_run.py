@@ -353,3 +353,24 @@ def test_searches_while_batches_are_written_see_whole_papers(tmp_path: Path) -> 
         assert store.count() == papers * per_paper
     finally:
         store.close()
+
+
+def test_a_build_that_fails_leaves_the_server_answering_and_says_why(tmp_path: Path) -> None:
+    settings = get_settings(
+        data_dir=tmp_path / "data", corpus={"qasper_path": tmp_path / "missing.jsonl.gz"}, **SMALL
+    )
+    lib = open_serving_library(settings, llm=echo_llm())
+    try:
+        with running_server(create_app(settings, library=lib, background=True)) as url:
+            body = wait_for(url, lambda b: b["build"]["state"] not in ("loading", "building"), 60)
+            assert body["state"] == "incomplete" and body["ready"], body
+            assert body["build"]["state"] == "failed" and "missing.jsonl.gz" in (
+                body["build"]["error"] + (body["build"]["fix"] or "") + str(body["build"])
+            )
+            assert body["build"]["fix"]
+            assert httpx.get(f"{url}/health").status_code == 200
+            answer = httpx.post(f"{url}/query", json={"question": "What is BERT?"}, timeout=60).json()
+            assert answer["abstained"] and answer["coverage"] == {"papers": 0, "of": 0, "complete": False}
+    finally:
+        lib.close()
+    assert pending_build(settings) == BuildTarget(reason="empty")

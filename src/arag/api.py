@@ -105,6 +105,8 @@ class Library:
         # Papers a running build has still to index (0 when none runs).
         self._pending = 0
         self._building = False
+        # False once a build was expected and until one ends: a failed build leaves the library partial.
+        self._complete = True
         store, embedder = open_for_building(self.settings) if allow_empty else open_for_search(self.settings)
         try:
             self._papers = list_papers(self.settings)
@@ -204,7 +206,7 @@ class Library:
         """How much of the library a search now covers: the papers indexed so far, of those it will
         hold once a running build ends."""
         n = len(self._papers)
-        return Coverage(papers=n, of=n + self._pending, complete=not self._building)
+        return Coverage(papers=n, of=n + self._pending, complete=self._complete and not self._building)
 
     @property
     def building(self) -> bool:
@@ -218,6 +220,7 @@ class Library:
     def expect_build(self) -> None:
         """Mark the library as being built from now on (the build itself starts a moment later)."""
         self._building = True
+        self._complete = False
 
     def set_reranker(self, reranker: Reranker) -> None:
         """Rerank with ``reranker`` from the next search on (a model trained while serving)."""
@@ -279,18 +282,19 @@ class Library:
         emb = embedder or get_embedder(settings.embedding, settings.embedding_cache_db)
         owned = embedder is None
         with self._ingest_lock:
-            self._building = True
+            self._building, self._complete = True, False
             try:
-                return build_library(
+                summary = build_library(
                     settings,
                     progress=Progress(start=start, advance=advance, written=outer.written),
                     embedder=emb,
                     store=self._store,
                     lock=self._store_lock,
                 )
+                self._complete, self._pending = True, 0
+                return summary
             finally:
                 self._building = False
-                self._pending = 0
                 if owned:
                     emb.close()
                 if not self._closed:

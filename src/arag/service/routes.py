@@ -114,11 +114,13 @@ async def ready(request: Request) -> JSONResponse:
                 checks["index"] = f"{chunks} chunks in the index, {expected} recorded by the build"
         checks["models"] = "ok"
     ok = all(v.startswith("ok") for v in checks.values())
-    state: Literal["loading", "building", "complete", "failed"]
+    state: Literal["loading", "building", "complete", "incomplete", "failed"]
     if svc.library is None:
         state = "failed" if svc.load_error else "loading"
+    elif building:
+        state = "building"
     else:
-        state = "building" if building else "complete"
+        state = "complete" if svc.library.coverage().complete else "incomplete"
     body = Ready(
         ready=ok, state=state, papers=papers, chunks=chunks, checks=checks, build=build, reranker=training
     )

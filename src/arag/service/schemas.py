@@ -241,8 +241,10 @@ class TrainStatus(BaseModel):
 
 class Ready(BaseModel):
     ready: bool
-    state: Literal["loading", "building", "complete", "failed"] = Field(
-        description="serving while the library builds, or serving the complete library"
+    state: Literal["loading", "building", "complete", "incomplete", "failed"] = Field(
+        description="building: serving while the library builds; complete: serving the whole library; "
+        "incomplete: serving what a failed or stopped build indexed (see build); loading: models not "
+        "up yet; failed: the library could not open (see checks)"
     )
     papers: int
     chunks: int
