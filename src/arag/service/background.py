@@ -96,8 +96,7 @@ class Background:
         with self._lock:
             b = self._build
         cov = self.library.coverage()
-        papers_total = cov.of if b.state in ("loading", "building") else cov.papers
-        return b.model_copy(update={"papers": cov.papers, "papers_total": papers_total})
+        return b.model_copy(update={"papers": cov.papers, "papers_total": cov.of})
 
     def train_status(self) -> TrainStatus:
         with self._lock:
@@ -110,10 +109,6 @@ class Background:
     def _set_train(self, **changes: object) -> None:
         with self._lock:
             self._train = self._train.model_copy(update=changes)
-
-    @property
-    def active(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
