@@ -25,7 +25,9 @@ def serve_cmd(
     llm: LlmOpt = None,
     model: ModelOpt = None,
 ) -> None:
-    """Serve the library: the web page at /, the API (OpenAPI at /docs), streaming answers over SSE."""
+    """Serve the library: the web page at /, the API (OpenAPI at /docs), streaming answers over SSE.
+    An empty or interrupted default library is built in the background meanwhile, then the reranker
+    is trained (the page shows both; ARAG_SERVICE__BUILD_LIBRARY / __TRAIN_RERANKER=false turn them off)."""
     import uvicorn
 
     from arag.service import create_app
