@@ -45,11 +45,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/arag llm check --model qwen2.5-coder-0.5b --prompt-tokens 600 --max-tokens 16
 	touch $(STAMP)
 
-# The library (built once, then kept up to date), the reranker (trained once, about 19 min on 2 cores;
-# a no-op when installed), then the service: ends with the page at http://127.0.0.1:7860.
+# The page at http://127.0.0.1:7860 as soon as set-up is done: on a first run the server builds the
+# library and then trains the reranker in the background, answering over what is indexed meanwhile
+# (`arag library build` / `arag train reranker` still do either by hand).
 serve: venv
-	$(BIN)/arag library build
-	$(BIN)/arag train reranker
 	$(BIN)/arag serve
 
 test: venv

@@ -24,14 +24,16 @@ from arag.agent.graph import Agent, build_agent, validate_question
 from arag.agent.hooks import RunHooks
 from arag.corpus.arxiv_ids import bare_arxiv_id
 from arag.errors import InputError, NotFoundError, StoreError
+from arag.index.store import Store
 from arag.library.build import BuildSummary, Progress
 from arag.library.manage import list_papers, open_retrieval
 from arag.library.state import PaperRow
 from arag.llm.base import LLM
 from arag.llm.gguf import AssemblyProgress
 from arag.llm.process import ProcessInfo
+from arag.models.embedder import BaseEmbedder
 from arag.models.reranker import Reranker
-from arag.records import Answer, NodeEvent, SearchFilter
+from arag.records import Answer, Coverage, NodeEvent, SearchFilter
 from arag.retrieval.pipeline import Retriever, SearchResult
 from arag.retrieval.resolve import PaperResolver
 from arag.settings import Settings, get_settings
@@ -78,7 +80,8 @@ class Library:
 
     ``llm`` and ``reranker`` replace the configured models (tests, or a service that built them); with
     ``llm`` None the configured LLM is loaded now (``progress`` follows a packaged model's first
-    assembly), and the ``extractive`` provider answers without one.
+    assembly), and the ``extractive`` provider answers without one. ``allow_empty``: open a library
+    that has no paper yet (created empty), to build it with :meth:`build_default` while it answers.
     """
 
     def __init__(
@@ -88,14 +91,23 @@ class Library:
         llm: LLM | None = None,
         reranker: Reranker | None = None,
         progress: AssemblyProgress | None = None,
+        allow_empty: bool = False,
     ) -> None:
         from arag.llm.factory import get_llm
 
         self.settings = settings if settings is not None else get_settings()
         self._max_chars = self.settings.agent.max_question_chars
         self._lock = threading.Lock()
+        # Held around every write to the index and its record in the build state, and by close():
+        # the index is never closed under a write.
+        self._store_lock = threading.Lock()
         self._closed = False
-        retrieval = open_retrieval(self.settings, reranker=reranker)
+        # Papers a running build has still to index (0 when none runs).
+        self._pending = 0
+        self._building = False
+        # False once a build was expected and until one ends: a failed build leaves the library partial.
+        self._complete = True
+        retrieval = open_retrieval(self.settings, reranker=reranker, allow_empty=allow_empty)
         try:
             self._papers = retrieval.papers
             self._ids = frozenset(r.id for r in self._papers)
@@ -132,7 +144,10 @@ class Library:
     ) -> Answer:
         """Answer a question (optionally only from ``papers``); ``on_event`` sees each agent step."""
         self._check_open()
-        return self.agent.run(question, self._filter(papers), on_event=on_event)
+        coverage = self.coverage()
+        answer = self.agent.run(question, self._filter(papers), on_event=on_event)
+        answer.coverage = coverage
+        return answer
 
     def stream(
         self, question: str, *, papers: Sequence[str] | None = None, hooks: RunHooks | None = None
@@ -142,7 +157,7 @@ class Library:
         self._check_open()
         flt = self._filter(papers)
         validate_question(question, self._max_chars)
-        return self.agent.stream(question, flt, hooks)
+        return _with_coverage(self.agent.stream(question, flt, hooks), self.coverage())
 
     def search(self, query: str, *, papers: Sequence[str] | None = None, k: int = 10) -> SearchResult:
         """Hybrid search and rerank without answering: the top ``k`` candidates (``ranked``) and the
@@ -160,7 +175,19 @@ class Library:
 
     def check_papers(self, ids: Sequence[str] | None, *, where: str = "papers") -> list[str] | None:
         """Paper ids as the library spells them; an InputError for any it does not hold."""
-        return check_paper_ids(ids, self._ids, where=where)
+        try:
+            return check_paper_ids(ids, self._ids, where=where)
+        except NotFoundError as exc:
+            if not self._building:
+                raise
+            cov = self.coverage()
+            raise NotFoundError(
+                f"{exc.what}; the library is still being built ({cov.papers} of {cov.of} papers "
+                "indexed so far)",
+                where=exc.where,
+                fix="retry once the paper is indexed (GET /ready shows the build's progress), "
+                + (exc.fix or ""),
+            ) from exc
 
     def paper(self, paper_id: str) -> PaperRow:
         """One paper's record; a NotFoundError for an id the library does not hold."""
@@ -184,6 +211,35 @@ class Library:
         """Chunks in the index now."""
         return self._store.count()
 
+    @property
+    def store(self) -> Store:
+        """The open index, for in-process work that reads it (the service's reranker training)."""
+        return self._store
+
+    def coverage(self) -> Coverage:
+        """How much of the library a search now covers: the papers indexed so far, of those it will
+        hold once a running build ends."""
+        n = len(self._papers)
+        return Coverage(papers=n, of=n + self._pending, complete=self._complete and not self._building)
+
+    @property
+    def building(self) -> bool:
+        """Whether a build of the default library runs through this library now."""
+        return self._building
+
+    @property
+    def reranker_name(self) -> str:
+        return self.retriever.stage.reranker.name
+
+    def expect_build(self) -> None:
+        """Mark the library as being built from now on (the build itself starts a moment later)."""
+        self._building = True
+        self._complete = False
+
+    def set_reranker(self, reranker: Reranker) -> None:
+        """Rerank with ``reranker`` from the next search on (a model trained while serving)."""
+        self.retriever.stage.reranker = reranker
+
     # -- growing the library ----------------------------------------------------------------------
 
     def add_pdfs(self, paths: Sequence[Path], *, progress: Progress | None = None) -> BuildSummary:
@@ -195,10 +251,68 @@ class Library:
         self._check_open()
         with self._ingest_lock:
             summary = add_pdfs(
-                self.settings, paths, progress=progress, embedder=self._embedder, store=self._store
+                self.settings,
+                paths,
+                progress=progress,
+                embedder=self._embedder,
+                store=self._store,
+                lock=self._store_lock,
             )
             self.refresh()
         return summary
+
+    def build_default(
+        self,
+        *,
+        max_papers: int | None = None,
+        paper_ids: Sequence[str] | None = None,
+        progress: Progress | None = None,
+        embedder: BaseEmbedder | None = None,
+    ) -> BuildSummary:
+        """Build (or resume) the default library through the open index while questions go on,
+        exactly as ``arag library build`` does: batch by batch, each written whole before it is
+        recorded. Searches see each batch once it is recorded (the paper list is refreshed). The
+        build embeds with ``embedder``, or a model of its own made in the calling thread (so its
+        threads take that thread's priority), never the one queries use."""
+        from arag.library.manage import build_library
+        from arag.models.factory import get_embedder
+
+        self._check_open()
+        corpus = self.settings.corpus.model_copy(
+            update={"max_papers": max_papers, "paper_ids": list(paper_ids) if paper_ids else None}
+        )
+        settings = self.settings.model_copy(update={"corpus": corpus})
+        outer = progress or Progress()
+
+        def start(total: int) -> None:
+            self._pending = total
+            outer.start(total)
+
+        def advance(n: int) -> None:
+            self.refresh()
+            self._pending = max(0, self._pending - n)
+            outer.advance(n)
+
+        emb = embedder or get_embedder(settings.embedding, settings.embedding_cache_db)
+        owned = embedder is None
+        with self._ingest_lock:
+            self._building, self._complete = True, False
+            try:
+                summary = build_library(
+                    settings,
+                    progress=Progress(start=start, advance=advance, written=outer.written),
+                    embedder=emb,
+                    store=self._store,
+                    lock=self._store_lock,
+                )
+                self._complete, self._pending = True, 0
+                return summary
+            finally:
+                self._building = False
+                if owned:
+                    emb.close()
+                if not self._closed:
+                    self.refresh()
 
     def refresh(self) -> None:
         """Re-read the paper list (after papers were added) and rebuild the title resolver."""
@@ -254,7 +368,7 @@ class Library:
 
     def close(self) -> None:
         """Release the index (flushing it). Calling it twice is harmless; no call may be in flight."""
-        with self._lock:
+        with self._lock, self._store_lock:
             if self._closed:
                 return
             self._closed = True
@@ -270,6 +384,13 @@ class Library:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _with_coverage(items: Iterator[NodeEvent | Answer], coverage: Coverage) -> Iterator[NodeEvent | Answer]:
+    for item in items:
+        if isinstance(item, Answer):
+            item.coverage = coverage
+        yield item
 
 
 def ask(

@@ -209,6 +209,15 @@ class UsedChunk(BaseModel):
     text: str = Field(default="", description="the chunk's text, so a citation can show its passage")
 
 
+class Coverage(BaseModel):
+    """How much of the library a question was searched over: all of it, or (while the library is
+    still being built) the papers indexed when the question arrived."""
+
+    papers: int = Field(description="papers indexed when the question was searched")
+    of: int = Field(description="papers the library holds once its build ends (= papers when complete)")
+    complete: bool = Field(description="no build was running: the whole library was searched")
+
+
 class Answer(BaseModel):
     """What the agent answers: a short answer above the explanation, its citations, and the trace."""
 
@@ -231,3 +240,4 @@ class Answer(BaseModel):
     events: list[NodeEvent] = Field(default_factory=list)
     total_ms: float = 0.0
     llm_cached_calls: int = Field(default=0, description="LLM replies from the disk cache (times not real)")
+    coverage: Coverage | None = Field(default=None, description="how much of the library was searched")

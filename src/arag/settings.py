@@ -293,6 +293,13 @@ class ServiceSettings(BaseModel):
     # Wrong API keys one client may send in a minute before it gets 429 (keys on only).
     key_failures_per_minute: int = Field(default=10, ge=1)
 
+    # arag serve builds an empty or interrupted default library in the background while it answers
+    # over what is indexed so far, then trains the reranker (searches use the fused order until then).
+    build_library: bool = True
+    train_reranker: bool = True
+    # The nice value of that background work (per thread): on 2 cores, questions come first.
+    background_nice: int = Field(default=19, ge=0, le=19)
+
 
 class PdfSettings(BaseModel):
     """Limits on one PDF's parse (``arag library add``, ``POST /ingest``): a hostile or broken file is

@@ -298,3 +298,76 @@ def bench_scale(
     if json_out:
         json_out.write_text(r.model_dump_json(indent=2))
         console.print(f"wrote {json_out}")
+
+
+@bench_app.command("first-run")
+@handle_errors
+def bench_first_run(
+    papers: Annotated[int, typer.Option(help="Papers of the library to build (0: all 1,585).")] = 150,
+    llm: Annotated[
+        str | None, typer.Option(help="LLM provider for the server (default: the configured one).")
+    ] = None,
+    train: Annotated[
+        bool, typer.Option(help="Train the reranker after the build, as make serve does.")
+    ] = True,
+    setup_s: Annotated[
+        float | None, typer.Option("--setup-s", help="Seconds `make venv` took (measured by you), to report.")
+    ] = None,
+    port: Annotated[int, typer.Option(help="Port for the server under test.")] = 7871,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="An empty folder to use instead of a temporary one (kept).")
+    ] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
+) -> None:
+    """The time a new user waits: `arag serve` in a fresh data directory to /health, to the first cited
+    answer, to the complete library and the installed reranker; /health and /search latency while
+    the library builds against the idle server; the figures before serving came first beside them."""
+    from arag.bench.first_run import FULL_LIBRARY, run_first_run_bench
+
+    r = run_first_run_bench(
+        papers=papers, llm=llm, train=train, setup_s=setup_s, port=port, data_dir=data_dir, echo=console.print
+    )
+
+    def secs(v: float | None) -> str:
+        if v is None:
+            return "–"
+        return f"{v:,.0f} s ({v / 60:.1f} min)" if v >= 90 else f"{v:.1f} s"
+
+    b = r.before
+    table = Table("from the start of `arag serve`", f"this run ({r.papers} papers)", "before (1,585 papers)",
+                  title=f"first run (LLM: {r.llm})", title_justify="left")  # fmt: skip
+    table.add_row("set-up (make venv)", secs(r.setup_s), secs(b["setup_s"]))
+    table.add_row("/health answers, the page is up", secs(r.health_s), secs(b["page_s"]) + " incl. set-up")
+    table.add_row(
+        "first cited answer",
+        secs(r.first_answer_s) + (f", over {r.first_answer_papers} papers" if r.first_answer_papers else ""),
+        secs(b["page_s"]) + " incl. set-up",
+    )
+    table.add_row("library complete", secs(r.build_s), secs(b["build_s"]) + " (the build alone)")
+    table.add_row(
+        "reranker installed", secs(r.reranker_s) if r.reranker_s else (r.reranker_state or "–"),
+        secs(b["reranker_s"]) + " (the training alone)",
+    )  # fmt: skip
+    if r.full_build_s_extrapolated:
+        table.add_row(
+            f"EXTRAPOLATED: build of {FULL_LIBRARY:,} papers",
+            f"{secs(r.full_build_s_extrapolated)} at {r.build_papers_per_s} papers/s",
+            secs(b["build_s"]),
+        )
+    console.print(table)
+    lat = Table("latency", "p50 / p95 / max ms (n)", title="while the background work runs vs idle",
+                title_justify="left")  # fmt: skip
+    for name, v in (
+        ("/health, while the library builds", r.health_building),
+        ("/health, while the reranker trains", r.health_training),
+        ("/health, idle", r.health_idle),
+        ("/search hybrid (server ms), while the library builds", r.search_building),
+        ("/search hybrid (server ms), while the reranker trains", r.search_training),
+        ("/search hybrid (server ms), idle", r.search_idle),
+        ("/search rerank stage (server ms), idle", r.search_idle_rerank),
+    ):
+        lat.add_row(name, f"{v.p50_ms} / {v.p95_ms} / {v.max_ms} ({v.n})")
+    console.print(lat)
+    if json_out:
+        json_out.write_text(r.model_dump_json(indent=2))
+        console.print(f"wrote {json_out}")

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from arag.cli.ask import LlmOpt, ModelOpt, llm_overrides, open_library
+from arag.cli.ask import LlmOpt, ModelOpt, _assembly_bar, llm_overrides
 from arag.cli.common import console, handle_errors, load_settings
 from arag.errors import ConfigError
+from arag.settings import Settings
+
+if TYPE_CHECKING:
+    from arag.index.store import Store
+    from arag.service.background import ProgressFactory
 
 
 @handle_errors
@@ -20,10 +25,13 @@ def serve_cmd(
     llm: LlmOpt = None,
     model: ModelOpt = None,
 ) -> None:
-    """Serve the library: the web page at /, the API (OpenAPI at /docs), streaming answers over SSE."""
+    """Serve the library: the web page at /, the API (OpenAPI at /docs), streaming answers over SSE.
+    An empty or interrupted default library is built in the background meanwhile, then the reranker
+    is trained (the page shows both; ARAG_SERVICE__BUILD_LIBRARY / __TRAIN_RERANKER=false turn them off)."""
     import uvicorn
 
     from arag.service import create_app
+    from arag.service.background import open_serving_library
     from arag.service.guard import check_bind
 
     overrides = llm_overrides(llm, model)
@@ -38,8 +46,9 @@ def serve_cmd(
     s = settings.service
     check_bind(settings)  # before the models load; create_app checks again
     console.print("[dim]loading the library and its models…[/]")
-    lib = open_library(settings)  # fails here, with its message, before the port opens
-    app = create_app(settings, library=lib)
+    with _assembly_bar() as bar:  # fails here, with its message, before the port opens
+        lib = open_serving_library(settings, train=True, progress=bar)
+    app = create_app(settings, library=lib, background=True, trainer=train_in_server)
     server = uvicorn.Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning"))
 
     def announce() -> None:
@@ -47,7 +56,13 @@ def serve_cmd(
             time.sleep(0.05)
         if server.started:
             url = f"http://{s.host}:{s.port}"
-            console.print(f"[bold green]arag is serving {lib.papers().__len__()} papers at {url}[/]  "
+            cov = lib.coverage()
+            what = (
+                f"{cov.papers} papers"
+                if cov.complete
+                else f"{cov.papers} papers so far while it builds the library (the page shows its progress)"
+            )
+            console.print(f"[bold green]arag is serving {what} at {url}[/]  "
                           f"(API docs: {url}/docs; Ctrl-C stops)", highlight=False)  # fmt: skip
 
     threading.Thread(target=announce, daemon=True).start()
@@ -61,3 +76,27 @@ def serve_cmd(
             where="--port",
             fix="another program holds the port: stop it or pass --port",
         )
+
+
+def train_in_server(settings: Settings, store: Store, progress: ProgressFactory) -> str:
+    """``arag train reranker`` with its defaults, mining through the server's open index (the
+    service's background training); the installed model's id."""
+    from arag.cli.train import _qasper
+    from arag.models.factory import get_embedder
+    from arag.train.reranker import TrainConfig
+    from arag.train.reranker_pipeline import train_reranker
+
+    # An embedding model of its own, made in the (low-priority) background thread.
+    embedder = get_embedder(settings.embedding, settings.embedding_cache_db)
+    try:
+        card = train_reranker(
+            settings,
+            TrainConfig(),
+            train_path=_qasper("questions_train.json"),
+            val_path=_qasper("questions_validation.json"),
+            progress=progress,
+            library=(store, embedder),
+        )
+    finally:
+        embedder.close()
+    return card.model_id

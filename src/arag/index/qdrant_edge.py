@@ -12,6 +12,10 @@ Behaviour measured with qdrant-edge-py 0.9.0 (see tests/test_store.py):
   the log is not fsynced per update; ``flush()`` persists the segments.)
 - Locking: the shard's write-ahead log is locked (flock) while a shard is open; a second
   open, from any process, fails until the first closes or dies. The lock dies with the process.
+- Threads: one open shard serves searches from any thread while another thread writes, and a
+  search sees each update whole or not at all (the server searches while its background build
+  writes: tests/test_first_run.py). Between a ``delete_paper`` and the upsert that rewrites the
+  paper, a search finds none of its chunks.
 - IDF statistics count points that have a non-empty sparse vector; points deleted since the
   segment was last rebuilt still count until the optimizer rewrites that segment.
 """

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,7 +32,7 @@ from arag.library.state import Failure, LibraryState, PaperRow
 from arag.library.topics import assign_nearest, kmeans, label_clusters
 from arag.models.embedder import BaseEmbedder
 from arag.models.factory import get_embedder
-from arag.records import Chunk, Paper
+from arag.records import Chunk, Paper, SparseVector
 from arag.settings import Settings
 from arag.text import tokenize
 
@@ -70,6 +71,8 @@ class Progress:
 
     start: Callable[[int], None] = lambda total: None
     advance: Callable[[int], None] = lambda n: None
+    # After each batch is recorded: its papers and chunks (the service's live build figures).
+    written: Callable[[int, int], None] = lambda papers, chunks: None
 
 
 @dataclass
@@ -93,15 +96,38 @@ def build_key(paper: Paper, model_id: str, settings: Settings) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def check_model(state: LibraryState, embedder: BaseEmbedder, settings: Settings) -> None:
+    """Record the embedding model of a new library; a ConfigError when the settings select another
+    model than the one the library was built with."""
+    recorded = state.get_meta("embedding_model")
+    if recorded is None:
+        state.set_meta("embedding_model", embedder.model_id)
+        state.set_meta("embedding_dim", embedder.dim)
+    elif recorded != embedder.model_id:
+        raise ConfigError(
+            f"the library was built with embedding model {recorded!r}, "
+            f"but the settings now select {embedder.model_id!r}",
+            where=str(settings.data_dir),
+            fix="rebuild with `arag library build --rebuild`, or set ARAG_EMBEDDING__* back",
+        )
+
+
 class LibraryBuilder:
     """Owns the state, store and embedder for one build or add; use as a context manager."""
 
     def __init__(
-        self, settings: Settings, *, embedder: BaseEmbedder | None = None, store: Store | None = None
+        self,
+        settings: Settings,
+        *,
+        embedder: BaseEmbedder | None = None,
+        store: Store | None = None,
+        lock: AbstractContextManager[object] | None = None,
     ) -> None:
         """``store``: write through an index this process already holds open (the service adds
-        papers while it answers); it is left open on close."""
+        papers while it answers); it is left open on close. ``lock``: held around each write to the
+        store and its record in the state (the owner of ``store`` closes it only under this lock)."""
         self.settings = settings
+        self._lock: AbstractContextManager[object] = lock if lock is not None else nullcontext()
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.embedder = embedder or get_embedder(settings.embedding, settings.embedding_cache_db)
         self.state = LibraryState(settings.state_db)
@@ -125,17 +151,7 @@ class LibraryBuilder:
         self.state.close()
 
     def _check_model(self) -> None:
-        recorded = self.state.get_meta("embedding_model")
-        if recorded is None:
-            self.state.set_meta("embedding_model", self.embedder.model_id)
-            self.state.set_meta("embedding_dim", self.embedder.dim)
-        elif recorded != self.embedder.model_id:
-            raise ConfigError(
-                f"the library was built with embedding model {recorded!r}, "
-                f"but the settings now select {self.embedder.model_id!r}",
-                where=str(self.settings.data_dir),
-                fix="rebuild with `arag library build --rebuild`, or set ARAG_EMBEDDING__* back",
-            )
+        check_model(self.state, self.embedder, self.settings)
 
     # the build
     def index_papers(
@@ -167,36 +183,42 @@ class LibraryBuilder:
             flat = [c for cs in batch.chunks for c in cs]
             if encoder is None:
                 encoder = self._encoder(flat)
+            vectors: np.ndarray | None = None
+            sparse: list[SparseVector] = []
             if flat:
                 t_embed = time.perf_counter()
                 vectors = self._chunk_vectors(flat)
                 summary.embed_seconds += time.perf_counter() - t_embed
                 sparse = [encoder.encode_document(c.text) for c in flat]
-                # New chunks first, then the papers' other chunks (an older build's, or a crashed
-                # one's): a failure in between leaves each paper searchable, never empty.
-                self.store.upsert(flat, vectors, sparse)
-                self.store.delete_stale([p.id for p in batch.papers], [c.id for c in flat])
-            self.store.flush()
-            keep_sources(self.settings, batch.papers)  # before the record: a rebuild re-adds from them
-            self.state.record_papers(
-                [self._row(p, cs) for p, cs in zip(batch.papers, batch.chunks, strict=True)]
-            )
+            with self._lock:
+                if vectors is not None:
+                    # New chunks first, then the papers' other chunks (an older build's, or a crashed
+                    # one's): a failure in between leaves each paper searchable, never empty.
+                    self.store.upsert(flat, vectors, sparse)
+                    self.store.delete_stale([p.id for p in batch.papers], [c.id for c in flat])
+                self.store.flush()
+                keep_sources(self.settings, batch.papers)  # before the record: a rebuild re-adds from them
+                self.state.record_papers(
+                    [self._row(p, cs) for p, cs in zip(batch.papers, batch.chunks, strict=True)]
+                )
             summary.papers_added += len(batch.papers)
             summary.chunks_added += len(flat)
             by_type.update(c.type for c in flat)
             overlaps.extend(c.overlap_sentences for c in flat if c.type == "passage")
+            progress.written(len(batch.papers), len(flat))
             progress.advance(len(batch.papers) + len(batch.failures))
         summary.papers_failed = len(failures)
         summary.failures = failures
         summary.chunks_by_type = dict(by_type)
         summary.mean_overlap_sentences = float(np.mean(overlaps)) if overlaps else 0.0
         summary.texts_embedded = self.embedder.texts_run - run_before
-        if summary.papers_added or self._topics_missing():
-            self.update_topics()
-            summary.topics_updated = True
-        if summary.papers_added:
-            # The engine merges segments and builds its vector index only when asked.
-            self.store.optimize()
+        with self._lock:
+            if summary.papers_added or self._topics_missing():
+                self.update_topics()
+                summary.topics_updated = True
+            if summary.papers_added:
+                # The engine merges segments and builds its vector index only when asked.
+                self.store.optimize()
         summary.seconds = time.perf_counter() - t0
         summary.chunks_per_second = (
             summary.chunks_added / summary.embed_seconds if summary.embed_seconds else 0.0

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel
 
@@ -24,16 +25,63 @@ if TYPE_CHECKING:
     from arag.retrieval.pipeline import Retriever
 
 
+# Written when a build of the default library starts and removed when it ends: a library that still
+# has it was interrupted (killed, stopped), and `arag serve` resumes that build.
+PENDING_KEY = "build_pending"
+
+
+class BuildTarget(BaseModel):
+    """The default-library build a data directory needs: what it was asked to hold, and why."""
+
+    max_papers: int | None = None
+    paper_ids: list[str] | None = None
+    reason: Literal["empty", "interrupted"]
+
+
+def pending_build(settings: Settings) -> BuildTarget | None:
+    """The build ``arag serve`` should run in the background: the default library when the data
+    directory holds no paper yet, or the build that was interrupted (as it was asked); None when the
+    library is complete (or was never a default library). Reads the state only: no model, no corpus."""
+    if not settings.state_db.exists():
+        return BuildTarget(
+            max_papers=settings.corpus.max_papers, paper_ids=settings.corpus.paper_ids, reason="empty"
+        )
+    state = LibraryState(settings.state_db)
+    try:
+        pending = state.get_meta(PENDING_KEY)
+        rows = state.papers()
+        last = state.get_meta("last_build")
+    finally:
+        state.close()
+    if isinstance(pending, dict):
+        return BuildTarget(**pending, reason="interrupted")
+    if not rows:
+        return BuildTarget(
+            max_papers=settings.corpus.max_papers, paper_ids=settings.corpus.paper_ids, reason="empty"
+        )
+    if last is None and any(r.source == "qasper" for r in rows):
+        # Built before builds were marked pending, and never finished.
+        return BuildTarget(
+            max_papers=settings.corpus.max_papers, paper_ids=settings.corpus.paper_ids, reason="interrupted"
+        )
+    return None
+
+
 def build_library(
     settings: Settings,
     *,
     progress: Progress | None = None,
     rebuild: bool = False,
     drop_missing: bool = False,
+    embedder: BaseEmbedder | None = None,
+    store: Store | None = None,
+    lock: AbstractContextManager[object] | None = None,
 ) -> BuildSummary:
     """Build (or bring up to date) the default QASPER library. ``rebuild``: build it again from
     scratch beside the current one, with every added paper, then switch (see library.rebuild);
-    ``drop_missing``: leave out added papers whose source file is gone instead of refusing."""
+    ``drop_missing``: leave out added papers whose source file is gone instead of refusing.
+    ``embedder``, ``store`` and ``lock``: build through an index this process holds open (the
+    service's background build)."""
     if rebuild:
         return rebuild_library(settings, progress=progress, drop_missing=drop_missing)
     papers, corpus_failures = load_qasper(
@@ -42,10 +90,30 @@ def build_library(
         paper_ids=settings.corpus.paper_ids,
     )
     prior = [Failure(key=e.where or "qasper", source="qasper", reason=e.what) for e in corpus_failures]
-    with LibraryBuilder(settings) as builder:
+    with LibraryBuilder(settings, embedder=embedder, store=store, lock=lock) as builder:
+        target = {"max_papers": settings.corpus.max_papers, "paper_ids": settings.corpus.paper_ids}
+        builder.state.set_meta(PENDING_KEY, target)
         summary = builder.index_papers(papers, progress=progress, prior_failures=prior)
         builder.state.set_meta("last_build", summary.model_dump(exclude={"failures"}))
+        builder.state.delete_meta(PENDING_KEY)
     return summary
+
+
+def open_for_building(settings: Settings) -> tuple[Store, BaseEmbedder]:
+    """The library's store and embedder, created empty when there is no library yet (the service
+    opens it so, and builds it in the background); a ConfigError when the embedding model changed."""
+    from arag.index.factory import open_store
+    from arag.library.build import check_model
+    from arag.models.factory import get_embedder
+
+    embedder = get_embedder(settings.embedding, settings.embedding_cache_db)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    state = LibraryState(settings.state_db)
+    try:
+        check_model(state, embedder, settings)
+    finally:
+        state.close()
+    return open_store(settings, embedder.dim), embedder
 
 
 def add_pdfs(
@@ -55,6 +123,7 @@ def add_pdfs(
     progress: Progress | None = None,
     embedder: BaseEmbedder | None = None,
     store: Store | None = None,
+    lock: AbstractContextManager[object] | None = None,
 ) -> BuildSummary:
     """Ingest PDFs (files or folders) into the library; bad files are logged and skipped. ``store``
     and ``embedder``: write through an index this process holds open (the service)."""
@@ -69,7 +138,7 @@ def add_pdfs(
         )
     papers, failures = papers_from_paths(list(paths), settings.pdf)
     prior = [Failure(key=f.path, source="pdf", reason=f.reason) for f in failures]
-    with LibraryBuilder(settings, embedder=embedder, store=store) as builder:
+    with LibraryBuilder(settings, embedder=embedder, store=store, lock=lock) as builder:
         return builder.index_papers(papers, progress=progress, prior_failures=prior)
 
 
@@ -235,11 +304,24 @@ class OpenRetrieval:
 
 
 def open_retrieval(
-    settings: Settings, *, reranker: Reranker | None = None, llm: LLM | None = None
+    settings: Settings,
+    *,
+    reranker: Reranker | None = None,
+    llm: LLM | None = None,
+    allow_empty: bool = False,
 ) -> OpenRetrieval:
     """Open the built library for retrieval (one visit to the build state): use it in ``with``.
-    ``reranker`` and ``llm`` are what ``.retriever`` uses (None: the configured reranker, no LLM)."""
-    store, embedder, papers = _open_search(settings, with_papers=True)
+    ``reranker`` and ``llm`` are what ``.retriever`` uses (None: the configured reranker, no LLM);
+    ``allow_empty``: create the library when there is none yet (the service builds it behind)."""
+    if allow_empty:
+        store, embedder = open_for_building(settings)
+        try:
+            papers = list_papers(settings)
+        except BaseException:
+            store.close()
+            raise
+    else:
+        store, embedder, papers = _open_search(settings, with_papers=True)
     try:
         return OpenRetrieval(settings, store, embedder, papers, reranker, llm)
     except BaseException:

@@ -180,3 +180,7 @@ class LibraryState:
             self._db.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value))
             )
+
+    def delete_meta(self, key: str) -> None:
+        with self._db:
+            self._db.execute("DELETE FROM meta WHERE key = ?", (key,))

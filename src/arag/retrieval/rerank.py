@@ -105,10 +105,12 @@ class RerankStage:
         """Rerank ``fused`` (best first) for ``query``."""
         s = self.settings
         found_by = found_by or {}
-        identity = self.reranker.name == "none"
+        # Read once: the service may install a newly trained model while this search runs.
+        reranker = self.reranker
+        identity = reranker.name == "none"
         t0 = time.perf_counter()
         raw = (
-            self.reranker.score(query, [pair_text(h.chunk) for h in fused])
+            reranker.score(query, [pair_text(h.chunk) for h in fused])
             if fused and not identity
             else np.zeros(0)
         )
@@ -119,9 +121,9 @@ class RerankStage:
             scores = [h.score for h in fused]
             raised = [False] * len(fused)
         else:
-            scores = combine(raw, ranks, self.reranker.fusion_weight)
+            scores = combine(raw, ranks, reranker.fusion_weight)
             raised = [False] * len(fused)
-            bars = self.reranker.bars
+            bars = reranker.bars
             if bars is not None and self.canonical:
                 is_canon = [h.chunk.paper_id in self.canonical for h in fused]
                 scores, raised = floor_canonical(scores, ranks, is_canon, bars.lower, s.supported_rank)
@@ -145,7 +147,7 @@ class RerankStage:
             groups = [cands[i].chunk.paper_id for i in order]
             order = [order[j] for j in mmr_order(rel, vecs, groups, lam=s.mmr_lambda)]
         ranked = [cands[i] for i in order]
-        bars = None if identity else self.reranker.bars
+        bars = None if identity else reranker.bars
         # Which candidates clear their bar, then the first ``keep`` of them in the ranked order: with
         # MMR that order has pushed near-duplicates down, so they give way to other evidence.
         clearing = select_kept(
@@ -156,4 +158,4 @@ class RerankStage:
             supported_rank=s.supported_rank,
         )
         kept = [ranked[j] for j in sorted(clearing)][: s.keep]
-        return RerankResult(ranked=ranked, kept=kept, model=self.reranker.name, rerank_ms=rerank_ms)
+        return RerankResult(ranked=ranked, kept=kept, model=reranker.name, rerank_ms=rerank_ms)

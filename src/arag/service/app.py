@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from arag.api import Library
 from arag.errors import AragError, StoreError
+from arag.service.background import Background, Trainer, open_serving_library, start_background
 from arag.service.guard import PAGE_HEADERS, BodyTooLarge, Policy, RequestGuard, check_bind, error_response
 from arag.service.jobs import Jobs
 from arag.service.runner import WorkPool
@@ -49,6 +50,7 @@ class Service:
     library: Library | None = None
     jobs: Jobs | None = None
     load_error: AragError | None = None
+    background: Background | None = None
 
     def lib(self) -> Library:
         """The open library; the start-up error (503) when it could not be opened."""
@@ -74,10 +76,20 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str]:
     return "; ".join(parts) or "invalid request", ", ".join(dict.fromkeys(wheres)) or "body"
 
 
-def create_app(settings: Settings | None = None, *, library: Library | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    *,
+    library: Library | None = None,
+    background: bool | None = None,
+    trainer: Trainer | None = None,
+) -> FastAPI:
     """The app. ``library``: serve this open library (tests, benchmarks) instead of opening the
-    configured one at start-up; the app then leaves it open at shutdown. A ConfigError when the
-    settings would serve beyond loopback without API keys, or name a key under 32 characters."""
+    configured one at start-up; the app then leaves it open at shutdown. ``background``: build an
+    empty or interrupted default library while serving, and train the reranker with ``trainer``
+    after it (as the settings allow); by default only when the app opens the library itself. A
+    ConfigError when the settings would serve beyond loopback without API keys, or name a key under
+    32 characters."""
+    background = library is None if background is None else background
     settings = settings if settings is not None else get_settings()
     check_bind(settings)
     svc = Service(
@@ -99,15 +111,24 @@ def create_app(settings: Settings | None = None, *, library: Library | None = No
         else:
             try:
                 # Models load in a thread: the loop stays free for /health meanwhile.
-                svc.library = await svc.pool.run(Library, settings)
+                if background:
+                    svc.library = await svc.pool.run(
+                        lambda: open_serving_library(settings, train=trainer is not None)
+                    )
+                else:
+                    svc.library = await svc.pool.run(Library, settings)
             except AragError as exc:
                 log.error("the library could not be opened: %s", exc)
                 svc.load_error = exc
         if svc.library is not None:
             svc.jobs = Jobs(settings, svc.library)
+            if background:
+                svc.background = start_background(settings, svc.library, trainer)
         try:
             yield
         finally:
+            if svc.background is not None:
+                svc.background.stop()
             if svc.jobs is not None:
                 svc.jobs.shutdown()
             svc.pool.shutdown()

@@ -7,7 +7,7 @@ import asyncio
 import platform
 from collections.abc import AsyncIterator
 from importlib import metadata
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -36,6 +36,7 @@ from arag.service.schemas import (
     StartEvent,
     SystemInfo,
     TokenEvent,
+    TrainStatus,
 )
 from arag.version import __version__
 
@@ -89,12 +90,17 @@ async def ready(request: Request) -> JSONResponse:
     svc = _svc(request)
     checks: dict[str, str] = {}
     papers = chunks = 0
+    bg = svc.background
+    build = bg.build_status() if bg is not None else None
+    training = bg.train_status() if bg is not None else None
+    building = build is not None and build.state in ("loading", "building")
     if svc.library is None:
         checks["library"] = svc.load_error.what if svc.load_error else "loading"
     else:
         lib = svc.library
         rows = lib.papers()
         papers = len(rows)
+        building = building or lib.building
         try:
             chunks = await asyncio.to_thread(lib.chunk_count)
         except AragError as exc:
@@ -102,8 +108,9 @@ async def ready(request: Request) -> JSONResponse:
         else:
             expected = sum(r.n_chunks for r in rows)
             running = svc.jobs is not None and any(j.state == "running" for j in svc.jobs.all())
-            if chunks == expected or running:
-                checks["index"] = "ok" + (" (an ingest is running)" if running else "")
+            if chunks == expected or running or building:
+                note = " (the library is being built)" if building else " (an ingest is running)"
+                checks["index"] = "ok" + (note if chunks != expected else "")
             else:
                 checks["index"] = f"{chunks} chunks in the index, {expected} recorded by the build"
         checks["models"] = "ok"
@@ -119,11 +126,21 @@ async def ready(request: Request) -> JSONResponse:
                 )  # fmt: skip
             )
     ok = all(v.startswith("ok") for v in checks.values())
+    state: Literal["loading", "building", "complete", "incomplete", "failed"]
+    if svc.library is None:
+        state = "failed" if svc.load_error else "loading"
+    elif building:
+        state = "building"
+    else:
+        state = "complete" if svc.library.coverage().complete else "incomplete"
     body = Ready(
         ready=ok,
+        state=state,
         papers=papers,
         chunks=chunks,
         checks=checks,
+        build=build,
+        reranker=training,
         llm_processes=svc.library.llm_processes() if svc.library is not None else [],
     )
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
@@ -141,6 +158,7 @@ async def system(request: Request) -> SystemInfo:
         except metadata.PackageNotFoundError:
             return "not installed"
 
+    training = svc.background.train_status() if svc.background is not None else None
     dists = ("fastapi", "langgraph", "onnxruntime", "qdrant-edge-py", "llama-cpp-python", "pydantic")
     rows = lib.papers()
     return SystemInfo(
@@ -148,7 +166,7 @@ async def system(request: Request) -> SystemInfo:
         versions={"python": platform.python_version(), **{d: version(d) for d in dists}},
         models={
             "embedder": lib.embedder_id,
-            "reranker": lib.retriever.stage.reranker.name,
+            "reranker": _reranker_line(lib.reranker_name, training),
             "llm": lib.llm.name if lib.llm is not None else "extractive (no LLM)",
             "support": lib.agent.deps.support.name,
         },
@@ -176,8 +194,17 @@ async def system(request: Request) -> SystemInfo:
             "search_in_flight": svc.search_pool.in_flight,
             "search_capacity": svc.search_pool.capacity,
         },
+        build=svc.background.build_status() if svc.background is not None else None,
+        reranker=training,
         llm_processes=lib.llm_processes(),
     )
+
+
+def _reranker_line(name: str, training: TrainStatus | None) -> str:
+    """The reranker searches use, saying so when it is the fused order until one is trained."""
+    if name != "none" or training is None or training.state in ("installed", "off"):
+        return name
+    return f"none: searches use the fused order until the trained reranker is installed ({training.state})"
 
 
 # -- questions -------------------------------------------------------------------------------------
@@ -263,8 +290,9 @@ async def query_stream(body: QueryRequest, request: Request) -> StreamingRespons
 )
 async def search(body: SearchRequest, request: Request) -> SearchResponse:
     lib = _svc(request).lib()
+    coverage = lib.coverage()
     result = await _svc(request).search_pool.run(lambda: lib.search(body.query, papers=body.papers, k=body.k))
-    return SearchResponse.build(request.state.request_id, body.query.strip(), result)
+    return SearchResponse.build(request.state.request_id, body.query.strip(), result, coverage)
 
 
 @api.post("/chat", response_model=ChatResponse, summary="One turn of a conversation (follow-ups rewritten)")

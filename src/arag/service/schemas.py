@@ -12,7 +12,7 @@ from arag.corpus.arxiv_ids import arxiv_url
 from arag.library.build import BuildSummary
 from arag.library.state import Failure, PaperRow
 from arag.llm.process import ProcessInfo
-from arag.records import Answer, NodeEvent
+from arag.records import Answer, Coverage, NodeEvent
 from arag.retrieval.pipeline import SearchResult, found_by
 from arag.settings import QUESTION_CHARS_CEILING as MAX_QUESTION_CHARS
 
@@ -82,9 +82,12 @@ class SearchResponse(BaseModel):
     model: str
     hits: list[SearchHit]
     timings: dict[str, float]
+    coverage: Coverage | None = Field(default=None, description="how much of the library was searched")
 
     @classmethod
-    def build(cls, request_id: str, query: str, result: SearchResult) -> SearchResponse:
+    def build(
+        cls, request_id: str, query: str, result: SearchResult, coverage: Coverage | None = None
+    ) -> SearchResponse:
         hyb = result.hybrid
         ranks: dict[str, dict[str, int]] = {}
         for name, hits in (
@@ -125,6 +128,7 @@ class SearchResponse(BaseModel):
             model=result.model,
             hits=out,
             timings=result.timings,
+            coverage=coverage,
         )
 
 
@@ -192,11 +196,62 @@ class Health(BaseModel):
     status: Literal["ok"] = "ok"
 
 
+BuildState = Literal["off", "complete", "loading", "building", "stopped", "failed"]
+TrainState = Literal["off", "installed", "waiting", "training", "failed", "stopped", "unavailable"]
+
+
+class BuildStatus(BaseModel):
+    """The background build of the default library (``arag serve`` on an empty or interrupted one)."""
+
+    state: BuildState = Field(
+        description="off: nothing to build; loading: reading the corpus; building; complete; "
+        "stopped (the server stopped first: the next start resumes it); failed (see error)"
+    )
+    reason: str | None = Field(default=None, description="empty (a new library) or interrupted (resumed)")
+    papers: int = Field(default=0, description="papers indexed now (what a question searches)")
+    papers_total: int = Field(default=0, description="papers the library holds once the build ends")
+    papers_done: int = Field(default=0, description="papers this build indexed (or found unusable)")
+    papers_todo: int = Field(default=0, description="papers this build had to index when it started")
+    chunks_done: int = Field(default=0, description="chunks this build wrote")
+    papers_per_s: float = 0.0
+    chunks_per_s: float = 0.0
+    eta_s: float | None = Field(default=None, description="seconds left at the rate so far")
+    started: float | None = None
+    finished: float | None = None
+    error: str | None = None
+    fix: str | None = None
+
+
+class TrainStatus(BaseModel):
+    """The reranker: installed, or trained in the background once the library is complete
+    (searches use the fused order until it is installed)."""
+
+    state: TrainState = Field(
+        description="installed; waiting (for the build); training; off (another reranker is "
+        "configured, or training is switched off); unavailable (no training data); failed; stopped"
+    )
+    model: str = Field(description="the reranker searches use now ('none': the fused order)")
+    stage: str | None = Field(default=None, description="the training step running (mining, training, ...)")
+    done: int = 0
+    total: int = 0
+    started: float | None = None
+    finished: float | None = None
+    error: str | None = None
+    fix: str | None = None
+
+
 class Ready(BaseModel):
     ready: bool
+    state: Literal["loading", "building", "complete", "incomplete", "failed"] = Field(
+        description="building: serving while the library builds; complete: serving the whole library; "
+        "incomplete: serving what a failed or stopped build indexed (see build); loading: models not "
+        "up yet; failed: the library could not open (see checks)"
+    )
     papers: int
     chunks: int
     checks: dict[str, str]
+    build: BuildStatus | None = None
+    reranker: TrainStatus | None = None
     llm_processes: list[ProcessInfo] = Field(
         default_factory=list, description="the local model's processes (none with a hosted LLM)"
     )
@@ -209,6 +264,8 @@ class SystemInfo(BaseModel):
     library: dict[str, int | str]
     settings: dict[str, str | int | float | bool | list[str]]
     pool: dict[str, int]
+    build: BuildStatus | None = None
+    reranker: TrainStatus | None = None
     llm_processes: list[ProcessInfo] = Field(
         default_factory=list, description="the local model's processes: pid, state, restarts, build flags"
     )

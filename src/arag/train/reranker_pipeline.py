@@ -12,7 +12,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,9 @@ from pydantic import BaseModel
 
 from arag.corpus.qasper_questions import EvalQuestion, load_questions
 from arag.errors import ModelError
+from arag.index.store import Store
 from arag.library.build import Progress
+from arag.models.embedder import BaseEmbedder
 from arag.models.reranker import (
     CARD_FILE,
     MODEL_FILE,
@@ -219,18 +221,27 @@ def train_reranker(
     train_limit: int | None = None,
     val_limit: int | None = None,
     progress: ProgressFactory = _quiet,
+    library: tuple[Store, BaseEmbedder] | None = None,
 ) -> ModelCard:
-    """Train, export, calibrate and install the reranker into ``settings.reranker_dir``."""
-    from arag.library.manage import open_retrieval
+    """Train, export, calibrate and install the reranker into ``settings.reranker_dir``.
+    ``library``: mine through a store and embedder this process holds open (the service trains in
+    the background); it is left open."""
+    from arag.library.manage import load_resolver, open_retrieval
+    from arag.retrieval.hybrid import HybridRetriever
 
     require_torch()
     t_start = time.perf_counter()
-    with open_retrieval(settings) as retrieval:
-        papers = retrieval.store.paper_ids()
+    with ExitStack() as stack:
+        if library is None:
+            retrieval = stack.enter_context(open_retrieval(settings))
+            store, plain, resolving = retrieval.store, retrieval.plain, retrieval.hybrid
+        else:
+            store, embedder = library
+            plain = HybridRetriever(store, embedder, settings.retrieval)
+            resolving = HybridRetriever(store, embedder, settings.retrieval, load_resolver(settings))
+        papers = store.paper_ids()
         train_qs = _in_library(load_questions(train_path, limit=train_limit), papers, "training")
         val_qs = _in_library(load_questions(val_path, limit=val_limit), papers, "validation")
-        plain = retrieval.plain
-        resolving = retrieval.hybrid
         lib = _library_key(settings)
         cache = settings.cache_dir / "reranker"
 

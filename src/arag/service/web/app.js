@@ -558,8 +558,16 @@ function renderAnswer(a) {
   renderSources(a, ctx);
 }
 
+function coverageText(c) {
+  if (!c) return null;
+  const n = (x) => Number(x).toLocaleString("en");
+  return c.complete ? `searched all ${n(c.papers)} papers`
+    : `searched ${n(c.papers)} of ${n(c.of)} papers (the library is still being built)`;
+}
+
 function answerMeta(a) {
   const bits = [
+    coverageText(a.coverage),
     `route: ${a.route}`,
     `mode: ${a.mode}`,
     a.retries ? `${a.retries} retr${a.retries === 1 ? "y" : "ies"}` : null,
@@ -788,7 +796,8 @@ function renderSearch(r) {
     `${r.hits.length} passage${r.hits.length === 1 ? "" : "s"} for `, el("q", { text: r.query }),
     r.searched_as && r.searched_as !== r.query ? [" (searched as ", el("q", { text: r.searched_as }), ")"] : null,
     r.resolved_paper ? ` · scoped to ${r.resolved_paper}` : null,
-    ` · reranker: ${r.model}`, timing ? ` · ${timing}` : null);
+    ` · reranker: ${r.model === "none" ? "none (fused order)" : r.model}`, timing ? ` · ${timing}` : null,
+    r.coverage ? ` · ${coverageText(r.coverage)}` : null);
   if (!r.hits.length) {
     out.replaceChildren(head, el("p", { text: "No passage matched." }));
     return;
@@ -958,6 +967,93 @@ async function loadSystem() {
   }
 }
 
+// -- the library build and the reranker training, live (GET /ready) -----------------------------
+
+function fmtDuration(s) {
+  if (s == null || !isFinite(s)) return null;
+  if (s < 90) return `${Math.round(s)} s`;
+  if (s < 5400) return `${Math.round(s / 60)} min`;
+  return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
+}
+
+const RERANK_TEXT = {
+  waiting: "Reranker: it trains once the library is built; until then searches use the fused order.",
+  training: "Reranker: training; until it is installed searches use the fused order.",
+  installed: "Reranker: installed; searches are reranked.",
+  failed: "Reranker: training failed; searches use the fused order.",
+  stopped: "Reranker: training stopped with the server; it restarts with it.",
+  unavailable: "Reranker: no training data here; searches use the fused order.",
+};
+
+function renderBuild(r) {
+  const box = $("#build-status");
+  const b = r.build;
+  const t = r.reranker;
+  const building = b && (b.state === "loading" || b.state === "building");
+  const training = t && (t.state === "waiting" || t.state === "training");
+  const trouble = (b && b.state === "failed") || (t && t.state === "failed");
+  const justDone = box.dataset.active === "true";
+  if (!building && !training && !trouble && !justDone) {
+    box.hidden = true;
+    return false;
+  }
+  box.hidden = false;
+  box.dataset.active = String(building || training);
+  box.dataset.state = b ? b.state : "off";
+  const n = (x) => Number(x).toLocaleString("en");
+  let title;
+  let figures = "";
+  if (b && b.state === "loading") {
+    title = "Preparing the library build (reading the papers)…";
+  } else if (building) {
+    title = `Building the library: ${n(b.papers)} of ${n(b.papers_total)} papers indexed. `
+      + "Questions are answered from the papers indexed so far.";
+    const left = fmtDuration(b.eta_s);
+    figures = [
+      `${n(b.papers_done)} of ${n(b.papers_todo)} papers this run`,
+      `${n(b.chunks_done)} chunks`,
+      b.chunks_per_s ? `${b.chunks_per_s.toFixed(1)} chunks/s` : null,
+      left ? `about ${left} left` : null,
+    ].filter(Boolean).join(" · ");
+  } else if (b && b.state === "failed") {
+    title = `The library build stopped: ${b.error}. ${b.fix || ""}`;
+  } else {
+    title = `The library is complete: ${n(r.papers)} papers, ${n(r.chunks)} chunks.`;
+  }
+  $("#build-title").textContent = title;
+  const bar = $("#build-bar");
+  bar.hidden = !building;
+  bar.value = b && b.papers_total ? b.papers / b.papers_total : 0;
+  $("#build-figures").textContent = figures;
+  let rerank = t ? RERANK_TEXT[t.state] || "" : "";
+  if (t && t.state === "training" && t.stage) {
+    rerank += ` (${t.stage}${t.total ? `: ${n(t.done)} of ${n(t.total)}` : ""})`;
+  }
+  if (t && t.state === "failed" && t.error) rerank += ` ${t.error}`;
+  $("#build-rerank").textContent = rerank;
+  return building || training;
+}
+
+async function pollBuild() {
+  let again = 30000;
+  try {
+    const res = await fetch("/ready", { headers: { Accept: "application/json" } });
+    const r = await res.json();
+    if (renderBuild(r)) again = 2000;
+    // The footer and "How it works" figures follow the growing library (at most every 10 s).
+    const box = $("#build-status");
+    const now = Date.now();
+    if (box.dataset.loaded !== String(r.papers) && (r.state === "complete" || now - (pollBuild.last || 0) > 10000)) {
+      box.dataset.loaded = String(r.papers);
+      pollBuild.last = now;
+      loadSystem();
+    }
+  } catch (exc) {
+    again = 5000;
+  }
+  setTimeout(pollBuild, again);
+}
+
 // -- start ----------------------------------------------------------------------------------------
 
 function init() {
@@ -973,6 +1069,7 @@ function init() {
   if (ids.length) setScope(ids);
   selectTab(location.hash.slice(1) || "ask", { updateHash: false });
   loadSystem();
+  pollBuild();
   document.documentElement.dataset.ready = "true";
 }
 

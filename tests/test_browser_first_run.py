@@ -1,0 +1,83 @@
+"""The page on a first run, in a real browser: the library builds in the server's background, the page
+shows its progress live, answers say how much of the library they searched, and the progress panel
+says when the library is complete (hash embedder, scripted LLM, 24 QASPER papers)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from arag.service import create_app
+from arag.service.background import open_serving_library
+from arag.settings import get_settings
+from service_util import echo_llm, running_server
+from test_browser import CHROMIUM, LAUNCH_ARGS, SMALL, Browser, expect, new_page, sync_api
+
+PAPERS = 24
+
+
+def test_the_page_shows_the_build_progress_and_how_much_each_answer_searched(
+    browser: Browser, tmp_path: Path, qasper_path: Path, artifacts: Path
+) -> None:
+    settings = get_settings(
+        data_dir=tmp_path / "data", corpus={"max_papers": PAPERS}, store={"papers_per_batch": 2}, **SMALL
+    )
+    lib = open_serving_library(settings, llm=echo_llm())
+    try:
+        with running_server(create_app(settings, library=lib, background=True)) as url:
+            page, watch = new_page(browser)
+            page.set_default_timeout(120_000)
+            page.goto(url)
+            panel = page.get_by_test_id("build-status")
+            expect(panel).to_be_visible()
+            expect(page.locator("#build-title")).to_contain_text(
+                re.compile(r"Preparing the library build|Building the library")
+            )
+            expect(page.locator("#build-title")).to_contain_text(
+                re.compile(rf"Building the library: [1-9]\d* of {PAPERS} papers indexed")
+            )
+            expect(page.get_by_test_id("build-figures")).to_contain_text(re.compile(r"\d+ chunks"))
+            expect(page.get_by_test_id("build-figures")).to_contain_text("chunks/s")
+            assert float(page.locator("#build-bar").get_attribute("value") or 0) > 0
+            page.screenshot(path=artifacts / "browser-first-run-building.png", full_page=True)
+
+            page.get_by_label("Research question").fill("How is the model trained?")
+            page.get_by_label("Research question").press("Enter")
+            status = page.locator("#panel-ask")
+            expect(status).to_have_attribute("data-status", re.compile("answered|abstained"))
+            meta = page.locator("#results .meta")
+            expect(meta.first).to_contain_text(
+                re.compile(rf"searched (all {PAPERS} papers|\d+ of {PAPERS} papers \(the library is still)")
+            )
+
+            expect(page.locator("#build-title")).to_contain_text(
+                f"The library is complete: {PAPERS} papers", timeout=180_000
+            )
+            expect(page.locator("#build-bar")).to_be_hidden()
+            page.screenshot(path=artifacts / "browser-first-run-complete.png", full_page=True)
+            page.context.close()
+            watch.check()
+    finally:
+        lib.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=LAUNCH_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def artifacts(tmp_path: Path) -> Path:
+    import os
+
+    out = Path(os.environ.get("ARAG_TEST_ARTIFACTS") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
