@@ -26,6 +26,7 @@ from arag.index.factory import open_store
 from arag.index.sparse import BM25Encoder, tokenize
 from arag.index.store import Store
 from arag.ingest.chunker import chunk_paper
+from arag.library.map import map_missing, update_map
 from arag.library.state import Failure, LibraryState, PaperRow
 from arag.library.topics import assign_nearest, kmeans, label_clusters
 from arag.models.embedder import BaseEmbedder, get_embedder
@@ -186,7 +187,7 @@ class LibraryBuilder:
         summary.chunks_by_type = dict(by_type)
         summary.mean_overlap_sentences = float(np.mean(overlaps)) if overlaps else 0.0
         summary.texts_embedded = self.embedder.texts_run - run_before
-        if summary.papers_added or self._topics_missing():
+        if summary.papers_added or self._topics_missing() or map_missing(self.state):
             self.update_topics()
             summary.topics_updated = True
         if summary.papers_added:
@@ -294,7 +295,8 @@ class LibraryBuilder:
         centroids = self.state.get_meta("topic_centroids")
         clustered_n = self.state.get_meta("topic_clustered_papers") or 0
         grown = len(rows) > 1.1 * clustered_n
-        if recluster or centroids is None or grown:
+        reclustered = recluster or centroids is None or grown
+        if reclustered:
             assign, cents = kmeans(vectors, self.settings.topics.k, seed=self.settings.topics.seed)
             labels = label_clusters(
                 [r.abstract_text or r.title for r in rows],
@@ -311,6 +313,9 @@ class LibraryBuilder:
         topics = {
             r.id: (int(a), labels.get(int(a), f"topic {int(a)}")) for r, a in zip(rows, assign, strict=True)
         }
+        # The map is drawn anew with the topics; otherwise new papers are placed among the mapped ones.
+        ts = self.settings.topics
+        update_map(self.state, rows, vectors, method=ts.map_method, seed=ts.seed, recompute=reclustered)
         current = {r.id: (r.topic, r.topic_label) for r in rows}
         changed = {pid: t for pid, t in topics.items() if current[pid] != t}
         if changed:

@@ -1,0 +1,374 @@
+"""Summarise one paper: its problem, method, data, results and limits, each cited [n] to its passages.
+
+Each aspect searches the paper alone (the hybrid search and the reranker, scoped to the paper) with a
+description of the aspect, and keeps its best passages, pruned to the sentences that bear on it. The
+LLM writes the aspect from those passages (or, without one, the best sentences are taken as they
+are); every sentence is then checked against the passages it cites by the verifier's own claim check,
+and unsupported ones are dropped. An aspect the passages do not state says so instead of guessing.
+Passages are numbered once for the whole summary, so one source list serves every part.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, Field
+
+from arag.agent import prompts
+from arag.agent.context import format_passages, prune_sentences
+from arag.agent.deps import ask
+from arag.agent.hooks import RunHooks
+from arag.agent.state import ContextPassage, Draft
+from arag.agent.support import SupportScorer
+from arag.agent.synthesizer import extractive_draft
+from arag.agent.terms import (
+    CITE,
+    cited_numbers,
+    clean_citations,
+    key_terms,
+    sentences,
+    strip_instructions,
+    strip_placeholders,
+)
+from arag.agent.verifier import verify_claims
+from arag.corpus.arxiv_ids import arxiv_url
+from arag.errors import AragError, Cancelled
+from arag.llm.base import LLM
+from arag.records import Answer, Chunk, Citation, NodeEvent, SearchFilter, UsedChunk
+from arag.retrieval.pipeline import SearchResult
+
+log = logging.getLogger(__name__)
+
+Aspect = Literal["problem", "method", "data", "results", "limits"]
+# (heading, what the LLM is asked for and the search query, cue words the extractive step looks for)
+ASPECTS: dict[Aspect, tuple[str, str, str]] = {
+    "problem": (
+        "Problem",
+        "the problem or task the paper addresses and why it matters",
+        "problem task challenge challenging difficult motivation lack need important",
+    ),
+    "method": (
+        "Method",
+        "the model, method or approach the paper proposes and how it works",
+        "model framework architecture algorithm approach propose encoder train learn",
+    ),
+    "data": (
+        "Data",
+        "the datasets, corpora or benchmarks the paper trains and evaluates on",
+        "dataset datasets corpus corpora benchmark annotated collected data",
+    ),
+    "results": (
+        "Results",
+        "the main results: scores, improvements over baselines, what the experiments show",
+        "outperforms improvement improves accuracy F1 BLEU score achieves baseline significantly",
+    ),
+    "limits": (
+        "Limits",
+        "the limitations, failure cases, error analysis or future work the paper reports",
+        "limitation limitations limited fail fails failure error errors future drawback however",
+    ),
+}
+# Passages per aspect, sentences an extractive part takes, tokens of passages per LLM call.
+PER_ASPECT = 3
+EXTRACTIVE_SENTENCES = 2
+ASPECT_TOKENS = 450
+ANSWER_TOKENS = 120
+FALLBACK_SENTENCES = 3
+
+
+class PaperSearch(Protocol):
+    """What the summary searches with: ``arag.retrieval.pipeline.Retriever`` (or a test fake)."""
+
+    def search(self, query: str, flt: SearchFilter | None = None) -> SearchResult: ...
+
+
+class SummarySource(BaseModel):
+    """A numbered passage of the summary, with the best support of the sentences that cite it."""
+
+    n: int
+    chunk_id: str
+    section: str | None
+    text: str
+    support: float = Field(description="the claim check's best score of a sentence citing it, 0 to 1")
+
+
+class SummaryPart(BaseModel):
+    """One aspect: its text with [n] markers (empty when the passages do not state it)."""
+
+    aspect: Aspect
+    heading: str
+    text: str
+    mode: Literal["llm", "extractive", "none"]
+    sentences: int = Field(description="sentences kept (each supported by a passage it cites)")
+    dropped: int = Field(description="sentences dropped as unsupported by their passages")
+    note: str = ""
+
+
+class PaperSummary(BaseModel):
+    """A paper's summary: the parts, the numbered passages they cite, and the steps that made it."""
+
+    paper_id: str
+    title: str
+    arxiv_url: str | None
+    parts: list[SummaryPart]
+    sources: list[SummarySource]
+    llm: str = Field(description="the LLM that wrote the parts, or 'extractive (no LLM)'")
+    events: list[NodeEvent] = Field(default_factory=list)
+    total_ms: float = 0.0
+
+
+def _aspect_passages(
+    aspect: Aspect, ranked: list[Chunk], numbers: dict[str, int], chunks: dict[int, Chunk]
+) -> list[ContextPassage]:
+    """The aspect's best passages, pruned to its sentences, numbered once for the whole summary."""
+    _, description, cues = ASPECTS[aspect]
+    terms = set(key_terms(f"{description} {cues}"))
+    out: list[ContextPassage] = []
+    used = 0
+    for chunk in ranked[:PER_ASPECT]:
+        text, _ = strip_instructions(strip_placeholders(chunk.text))
+        kept, _ = prune_sentences(text, terms, 1)
+        kept = kept or sentences(text)[:FALLBACK_SENTENCES]
+        body = " ".join(kept)
+        tokens = max(1, len(body) // 4)
+        if out and used + tokens > ASPECT_TOKENS:
+            break
+        used += tokens
+        n = numbers.setdefault(chunk.id, len(numbers) + 1)
+        chunks[n] = chunk
+        out.append(ContextPassage(n=n, chunk=chunk, text=body, score=0.0, tokens=tokens))
+    return out
+
+
+def _llm_part(llm: LLM, aspect: Aspect, passages: list[ContextPassage]) -> str:
+    """The LLM's text for an aspect, its [k] markers (1..len(passages)) turned into the summary's."""
+    local = [p.model_copy(update={"n": i}) for i, p in enumerate(passages, 1)]
+    heading, description, _ = ASPECTS[aspect]
+    user = prompts.SUMMARY_USER.format(
+        passages=format_passages(local), aspect=heading.lower(), description=description
+    )
+    reply = ask(llm, prompts.SUMMARY_SYSTEM, user, max_tokens=ANSWER_TOKENS).strip()
+    if reply.lower().strip(" .") == prompts.SUMMARY_NOT_STATED:
+        return ""
+    text, _ = clean_citations(strip_placeholders(reply), range(1, len(local) + 1))
+    to_global = {i: p.n for i, p in enumerate(passages, 1)}
+
+    def renumber(sentence: str) -> str:
+        # Markers are rewritten from the local numbers the LLM saw to the summary's numbers.
+        return CITE.sub(
+            lambda m: " [" + ", ".join(str(to_global[n]) for n in cited_numbers(m.group(0))) + "]", sentence
+        )
+
+    return " ".join(renumber(s) for s in sentences(" ".join(text.split())))
+
+
+def write_part(
+    aspect: Aspect, passages: list[ContextPassage], llm: LLM | None, scorer: SupportScorer
+) -> tuple[SummaryPart, dict[int, float]]:
+    """One aspect written from its passages and checked sentence by sentence; the support per cited
+    passage. Without an LLM (or when it fails, or none of its sentences is supported) the part is
+    the passages' best sentences for the aspect, and the part's mode and note say so."""
+    heading, description, cues = ASPECTS[aspect]
+    if not passages:
+        return SummaryPart(
+            aspect=aspect, heading=heading, text="", mode="none", sentences=0, dropped=0,
+            note="no passage of the paper was found for it",
+        ), {}  # fmt: skip
+    note = ""
+    dropped = 0
+    if llm is not None:
+        try:
+            text = _llm_part(llm, aspect, passages)
+        except Cancelled:
+            raise
+        except AragError as exc:
+            log.warning("summary LLM failed on %s: %s", aspect, exc)
+            text, note = "", f"the LLM failed ({exc.what}); sentences taken from the passages"
+        if text:
+            v = verify_claims(
+                Draft(short_answer="", explanation=text, mode="llm"),
+                passages,
+                scorer,
+                "free_form",
+                mark=False,
+            )
+            if v.supported:
+                part = SummaryPart(
+                    aspect=aspect, heading=heading, text=v.explanation, mode="llm",
+                    sentences=v.supported, dropped=v.dropped,
+                )  # fmt: skip
+                return part, v.support
+            dropped = v.dropped
+            note = (
+                f"the LLM's {v.dropped} sentence(s) were not supported by the passages; "
+                "sentences taken from them"
+            )
+        elif not note:
+            note = "the LLM found it not stated; sentences taken from the passages"
+    draft = extractive_draft(f"{description} {cues}", "free_form", passages, EXTRACTIVE_SENTENCES)
+    if draft.mode == "abstain":
+        return SummaryPart(
+            aspect=aspect, heading=heading, text="", mode="none", sentences=0, dropped=dropped,
+            note="the paper's passages do not state it",
+        ), {}  # fmt: skip
+    v = verify_claims(draft, passages, scorer, "free_form", mark=False)
+    mode: Literal["extractive", "none"] = "extractive" if v.supported else "none"
+    part = SummaryPart(
+        aspect=aspect, heading=heading, text=v.explanation if v.supported else "", mode=mode,
+        sentences=v.supported, dropped=dropped + v.dropped, note=note,
+    )  # fmt: skip
+    return part, v.support
+
+
+def iter_summary(
+    paper_id: str,
+    title: str,
+    search: PaperSearch,
+    llm: LLM | None,
+    scorer: SupportScorer,
+    *,
+    hooks: RunHooks | None = None,
+) -> Iterator[NodeEvent | PaperSummary]:
+    """Each step's event as it finishes (retriever, one synthesizer per aspect, verifier), then the
+    summary. ``hooks`` can stop it between steps."""
+    t_start = time.perf_counter()
+    events: list[NodeEvent] = []
+
+    def event(node: str, t0: float, decision: str, counts: dict[str, float]) -> NodeEvent:
+        e = NodeEvent(
+            node=node, ms=round(1000 * (time.perf_counter() - t0), 2), decision=decision, counts=counts
+        )
+        events.append(e)
+        return e
+
+    def check(where: str) -> None:
+        if hooks is not None:
+            hooks.check(where)
+
+    flt = SearchFilter(paper_ids=[paper_id])
+    t0 = time.perf_counter()
+    numbers: dict[str, int] = {}
+    chunks: dict[int, Chunk] = {}
+    per_aspect: dict[Aspect, list[ContextPassage]] = {}
+    for aspect, (_, description, _) in ASPECTS.items():
+        check("retriever")
+        ranked = [h.chunk for h in search.search(description, flt).ranked]
+        per_aspect[aspect] = _aspect_passages(aspect, ranked, numbers, chunks)
+    yield event(
+        "retriever", t0, f"{len(numbers)} passages of {paper_id} for 5 aspects",
+        {"passages": len(numbers)},
+    )  # fmt: skip
+    parts: list[SummaryPart] = []
+    support: dict[int, float] = {}
+    for aspect in ASPECTS:
+        check("synthesizer")
+        t0 = time.perf_counter()
+        part, sup = write_part(aspect, per_aspect[aspect], llm, scorer)
+        for n, s in sup.items():
+            support[n] = max(support.get(n, 0.0), s)
+        parts.append(part)
+        decision = f"{aspect}: {part.mode}, {part.sentences} sentence(s)" + (
+            f"; {part.note}" if part.note else ""
+        )
+        yield event("synthesizer", t0, decision, {"sentences": part.sentences, "dropped": part.dropped})
+    t0 = time.perf_counter()
+    kept = sum(p.sentences for p in parts)
+    dropped = sum(p.dropped for p in parts)
+    cited = sorted({n for p in parts for n in cited_numbers(p.text)})
+    sources = [
+        SummarySource(
+            n=n,
+            chunk_id=chunks[n].id,
+            section=chunks[n].section,
+            text=chunks[n].text,
+            support=round(support.get(n, 0.0), 4),
+        )
+        for n in cited
+    ]
+    yield event(
+        "verifier", t0, f"{kept} sentences supported, {dropped} dropped; {len(sources)} passages cited",
+        {"supported": kept, "dropped": dropped},
+    )  # fmt: skip
+    yield PaperSummary(
+        paper_id=paper_id,
+        title=title,
+        arxiv_url=arxiv_url(paper_id),
+        parts=parts,
+        sources=sources,
+        llm=llm.name if llm is not None else "extractive (no LLM)",
+        events=events,
+        total_ms=round(1000 * (time.perf_counter() - t_start), 2),
+    )
+
+
+def summarise(
+    paper_id: str,
+    title: str,
+    search: PaperSearch,
+    llm: LLM | None,
+    scorer: SupportScorer,
+    *,
+    on_event: Callable[[NodeEvent], None] | None = None,
+) -> PaperSummary:
+    """The summary of one paper; ``on_event`` sees each step."""
+    for item in iter_summary(paper_id, title, search, llm, scorer):
+        if isinstance(item, PaperSummary):
+            return item
+        if on_event is not None:
+            on_event(item)
+    raise AssertionError("the summary ended without a result")
+
+
+def summary_text(summary: PaperSummary) -> str:
+    """The parts as paragraphs: 'Problem: ... [1].' (an aspect not stated says so)."""
+    return "\n\n".join(
+        f"{p.heading}: {p.text}" if p.text else f"{p.heading}: not stated in the paper's passages."
+        for p in summary.parts
+    )
+
+
+def summary_answer(question: str, summary: PaperSummary, threshold: float) -> Answer:
+    """The summary as the agent's answer (for "summarise <paper>" asked as a question)."""
+    by_n = {s.n: s for s in summary.sources}
+    written = [p for p in summary.parts if p.text]
+    modes = {p.mode for p in written}
+    return Answer(
+        question=question,
+        short_answer=f"Summary of {summary.title}",
+        text=summary_text(summary) if written else prompts.ABSTAIN,
+        citations=[
+            Citation(
+                n=s.n,
+                chunk_id=s.chunk_id,
+                paper_id=summary.paper_id,
+                title=summary.title,
+                section=s.section,
+                support=s.support,
+                supported=s.support >= threshold,
+            )
+            for s in summary.sources
+        ],  # fmt: skip
+        abstained=not written,
+        route="research",
+        answer_type="free_form",
+        mode="abstain" if not written else ("llm" if "llm" in modes else "extractive"),
+        sub_queries=[ASPECTS[p.aspect][1] for p in summary.parts],
+        chunks=[
+            UsedChunk(
+                n=n,
+                chunk_id=s.chunk_id,
+                paper_id=summary.paper_id,
+                title=summary.title,
+                section=s.section,
+                score=s.support,
+                query="summary",
+                pass_index=0,
+                text=s.text,
+            )
+            for n, s in by_n.items()
+        ],  # fmt: skip
+        dropped_claims=sum(p.dropped for p in summary.parts),
+    )
