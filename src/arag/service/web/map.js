@@ -17,10 +17,39 @@ function svg(tag, attrs = {}) {
   return node;
 }
 
-// Distinct hues for neighbouring topic numbers (golden-angle steps).
+// Twenty colours told apart on white (the default k is 20); past them the hues repeat, lighter.
+const PALETTE = [
+  "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
+  "#393b79", "#ad494a", "#637939", "#7b4173", "#3182bd", "#e6550d", "#31a354", "#756bb1", "#843c39",
+  "#636363", "#d6616b",
+];
+
 export function topicColour(topic) {
   if (topic === null || topic === undefined) return "#8a94a3";
-  return `hsl(${Math.round((topic * 137.508) % 360)} 62% 42%)`;
+  const base = PALETTE[topic % PALETTE.length];
+  return topic < PALETTE.length ? base : `color-mix(in srgb, ${base} 60%, white)`;
+}
+
+// Labels that overlap a bigger topic's label move down (then up) until they are clear.
+function spreadLabels(texts) {
+  const placed = [];
+  const overlaps = (a, b) => a.x < b.x + b.width && b.x < a.x + a.width && a.y < b.y + b.height && b.y < a.y + a.height;
+  for (const text of texts) {
+    const y0 = Number(text.getAttribute("y"));
+    let box = text.getBBox();
+    for (let i = 1; i <= 8 && placed.some((p) => overlaps(box, p)); i += 1) {
+      const step = Math.ceil(i / 2) * (box.height + 2) * (i % 2 ? 1 : -1);
+      text.setAttribute("y", String(y0 + step));
+      box = text.getBBox();
+    }
+    placed.push(box);
+  }
+}
+
+function focusTopic(topic) {
+  for (const dot of document.querySelectorAll("#map-svg .map-dot")) {
+    dot.classList.toggle("dim", topic !== null && dot.dataset.topic !== String(topic));
+  }
 }
 
 function fit(papers) {
@@ -130,14 +159,22 @@ export function renderMap(m) {
     title.textContent = `${t.label} (${t.papers} papers): click to ask about this topic`;
     text.append(title);
     text.addEventListener("click", () => askAbout(topicQuestion(t.label)));
+    text.addEventListener("mouseenter", () => focusTopic(t.topic));
+    text.addEventListener("mouseleave", () => focusTopic(null));
     labels.append(text);
   }
   root.append(dots, labels);
+  // Biggest topics keep their place; smaller ones make way.
+  const order = new Map(m.topics.map((t) => [String(t.topic), t.papers]));
+  spreadLabels([...labels.children].sort((a, b) => order.get(b.dataset.topic) - order.get(a.dataset.topic)));
   root.setAttribute("aria-label", `A map of ${m.papers.length} papers in ${m.topics.length} topics`);
   $("#map-summary").textContent =
     `${m.papers.length} papers, ${m.topics.length} topics; drawn by ${m.method === "tsne" ? "t-SNE" : "PCA"} of the abstract vectors.`;
   $("#map-topics").replaceChildren(...m.topics.map((t) =>
-    el("li", { class: "map-topic", "data-topic": String(t.topic) },
+    el("li", {
+      class: "map-topic", "data-topic": String(t.topic),
+      onmouseenter: () => focusTopic(t.topic), onmouseleave: () => focusTopic(null),
+    },
       el("span", { class: "swatch", style: `background:${topicColour(t.topic)}`, "aria-hidden": "true" }),
       el("button", {
         type: "button", class: "linklike", title: "Ask about this topic",
