@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from arag.bench.map import neighbour_agreement, run_map_bench, topic_purity
 from arag.cli.main import app
 from arag.library.build import LibraryBuilder
 from arag.library.manage import build_library
@@ -57,6 +58,20 @@ def test_a_new_paper_is_placed_among_its_nearest_mapped_papers() -> None:
     assert np.allclose(mid, [[0.5, 0.5]], atol=1e-5)
 
 
+def test_the_benchmark_scores_a_map_by_the_neighbours_it_keeps() -> None:
+    # Unit vectors on a circle drawn where they are: distance orders as cosine does, every neighbour kept.
+    angles = np.cumsum(np.arange(1, 21) * 0.02)  # unequal gaps: no tied neighbours
+    circle = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    assert neighbour_agreement(circle, circle, k=3) == 1.0
+    shuffled = circle[np.random.default_rng(0).permutation(20)]
+    assert neighbour_agreement(circle, shuffled, k=3) < 0.5
+    x = blobs()
+    xy, _ = project(x, "tsne")
+    topics = np.repeat([0, 1, 2], 8)
+    assert topic_purity(xy, topics, k=5) == 1.0
+    assert topic_purity(np.zeros((24, 2)) + np.arange(24)[:, None], np.tile([0, 1, 2], 8), k=2) == 0.0
+
+
 def settings_for(data: Path) -> Settings:
     return get_settings(data_dir=data, **SMALL)
 
@@ -96,6 +111,9 @@ def test_the_build_stores_the_map_and_recluster_recomputes_it_identically(
             assert t.label == members[0].topic_label and -1 <= t.x <= 1 and -1 <= t.y <= 1
     finally:
         state.close()
+    bench = run_map_bench(settings)
+    assert bench.papers == 12 and [r.method for r in bench.results] == ["pca", "tsne"]
+    assert all(0.0 <= r.neighbour_agreement <= 1.0 and 0.0 <= r.topic_purity <= 1.0 for r in bench.results)
     before = stored_points(settings)
     with LibraryBuilder(settings) as builder:
         builder.update_topics(recluster=True)
