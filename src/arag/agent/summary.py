@@ -11,6 +11,7 @@ Passages are numbered once for the whole summary, so one source list serves ever
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Literal, Protocol
@@ -23,7 +24,7 @@ from arag.agent.deps import ask
 from arag.agent.hooks import RunHooks
 from arag.agent.state import ContextPassage, Draft
 from arag.agent.support import SupportScorer
-from arag.agent.synthesizer import extractive_draft
+from arag.agent.synthesizer import with_marker
 from arag.agent.terms import (
     CITE,
     cited_numbers,
@@ -74,6 +75,41 @@ ASPECTS: dict[Aspect, tuple[str, str, str]] = {
 # Passages per aspect, sentences an extractive part takes, tokens of passages per LLM call.
 PER_ASPECT = 3
 EXTRACTIVE_SENTENCES = 2
+# What sentences stating each aspect say, for the extractive step: a paper's own phrasing ("we
+# propose", "outperforms") marks its claims better than the aspect's words do.
+CUES: dict[Aspect, re.Pattern[str]] = {
+    "problem": re.compile(
+        r"\b(?:problem|challeng\w*|difficult\w*|task of|lack\w*|costly|expensive|bottleneck|important|"
+        r"need(?:s|ed)? (?:to|for)|may not|cannot|remains?|however|address(?:es)? th)",
+        re.I,
+    ),
+    "method": re.compile(
+        r"\b(?:we (?:propose|present|introduce|develop|describe|design)|our (?:model|approach|method|system|"
+        r"framework)|this (?:paper|work) (?:proposes|presents|introduces)|based on|consists? of|"
+        r"architecture|framework|we (?:use|train|learn|model))",
+        re.I,
+    ),
+    "data": re.compile(
+        r"\b(?:data ?sets?|corpus|corpora|benchmarks?|annotat\w*|collected|treebank|wikipedia|"
+        r"training (?:set|data)|test set|sentences|documents|tweets|pairs|examples)\b",
+        re.I,
+    ),
+    "results": re.compile(
+        r"\b(?:outperform\w*|improv\w*|achiev\w*|state[- ]of[- ]the[- ]art|F1|accuracy|BLEU|ROUGE|"
+        r"significant\w*|better than|gains?|results show|experiments show|we show)",
+        re.I,
+    ),
+    "limits": re.compile(
+        r"\b(?:limitation\w*|limited|future work|fail\w*|errors?|drawbacks?|does not|do not|cannot|"
+        r"weakness\w*|remains?|not able)",
+        re.I,
+    ),
+}
+ABSTRACT_LEADS = frozenset({"problem", "method", "data", "results"})
+# Sections about other papers' work: their sentences describe someone else's problem or method.
+_OTHERS = re.compile(r"related|background|previous|prior|other approaches|literature", re.I)
+_DANGLING = re.compile(r"\b(?:by|in|of|as|see|from|to|and|with|e\.g|i\.e)[.,;:]?\s*$", re.I)
+_PLACEHOLDER = re.compile(r"\b(?:BIBREF|TABREF|FIGREF|SECREF|EQREF|INLINEFORM|DISPLAYFORM)\d+")
 ASPECT_TOKENS = 450
 ANSWER_TOKENS = 120
 FALLBACK_SENTENCES = 3
@@ -165,13 +201,55 @@ def _llm_part(llm: LLM, aspect: Aspect, passages: list[ContextPassage]) -> str:
     return " ".join(renumber(s) for s in sentences(" ".join(text.split())))
 
 
+def extractive_part(
+    aspect: Aspect, passages: list[ContextPassage], used: set[str] | None = None
+) -> Draft | None:
+    """The passages' sentences that state the aspect best, cited, in reading order; None when none
+    does. A sentence scores by the aspect's phrasing (CUES) and words, more in the abstract (where a
+    paper states its problem, method and results) and in better-ranked passages; a sentence that
+    cited other work (a placeholder) reads worse once the citation is gone. A sentence must use the
+    aspect's phrasing, and one already in ``used`` (an earlier part) is not repeated."""
+    _, description, cues = ASPECTS[aspect]
+    terms = set(key_terms(f"{description} {cues}"))
+    scored: list[tuple[float, int, int, str]] = []
+    for rank, p in enumerate(passages):
+        raw = strip_instructions(p.chunk.text)[0]
+        for j, sent in enumerate(sentences(raw)):
+            clean = strip_placeholders(sent)
+            words = clean.split()
+            if not 6 <= len(words) <= 60 or _DANGLING.search(clean) or not clean[:1].isupper():
+                continue
+            phrasing = len(CUES[aspect].findall(clean))
+            if phrasing == 0 or (used is not None and clean in used):
+                continue
+            hits = phrasing + 0.5 * len(terms & set(key_terms(clean)))
+            score = hits + (1.0 if p.chunk.type == "abstract" and aspect != "limits" else 0.0)
+            score -= 0.3 * rank + (0.5 if _PLACEHOLDER.search(sent) else 0.0)
+            score -= 1.5 if p.chunk.section and _OTHERS.search(p.chunk.section) else 0.0
+            if score > 0:
+                scored.append((score, p.n, j, clean))
+    if not scored:
+        return None
+    best = sorted(scored, key=lambda x: (-x[0], x[1], x[2]))[:EXTRACTIVE_SENTENCES]
+    best.sort(key=lambda x: (x[1], x[2]))
+    if used is not None:
+        used.update(sent for _, _, _, sent in best)
+    text = " ".join(with_marker(sent, n) for _, n, _, sent in best)
+    return Draft(short_answer="", explanation=text, mode="extractive")
+
+
 def write_part(
-    aspect: Aspect, passages: list[ContextPassage], llm: LLM | None, scorer: SupportScorer
+    aspect: Aspect,
+    passages: list[ContextPassage],
+    llm: LLM | None,
+    scorer: SupportScorer,
+    used: set[str] | None = None,
 ) -> tuple[SummaryPart, dict[int, float]]:
     """One aspect written from its passages and checked sentence by sentence; the support per cited
     passage. Without an LLM (or when it fails, or none of its sentences is supported) the part is
-    the passages' best sentences for the aspect, and the part's mode and note say so."""
-    heading, description, cues = ASPECTS[aspect]
+    the passages' best sentences for the aspect, and the part's mode and note say so. When the LLM
+    reads the passages and finds the aspect not stated, the part says so."""
+    heading = ASPECTS[aspect][0]
     if not passages:
         return SummaryPart(
             aspect=aspect, heading=heading, text="", mode="none", sentences=0, dropped=0,
@@ -207,9 +285,12 @@ def write_part(
                 "sentences taken from them"
             )
         elif not note:
-            note = "the LLM found it not stated; sentences taken from the passages"
-    draft = extractive_draft(f"{description} {cues}", "free_form", passages, EXTRACTIVE_SENTENCES)
-    if draft.mode == "abstain":
+            return SummaryPart(
+                aspect=aspect, heading=heading, text="", mode="none", sentences=0, dropped=0,
+                note="the LLM found it not stated in the passages",
+            ), {}  # fmt: skip
+    draft = extractive_part(aspect, passages, used)
+    if draft is None:
         return SummaryPart(
             aspect=aspect, heading=heading, text="", mode="none", sentences=0, dropped=dropped,
             note="the paper's passages do not state it",
@@ -253,9 +334,15 @@ def iter_summary(
     numbers: dict[str, int] = {}
     chunks: dict[int, Chunk] = {}
     per_aspect: dict[Aspect, list[ContextPassage]] = {}
+    # The abstract is where a paper states its problem, method, data and results: it leads those parts.
+    head = [
+        h.chunk for h in search.search(title, SearchFilter(paper_ids=[paper_id], types=["abstract"])).ranked
+    ]
     for aspect, (_, description, _) in ASPECTS.items():
         check("retriever")
         ranked = [h.chunk for h in search.search(description, flt).ranked]
+        if aspect in ABSTRACT_LEADS and head:
+            ranked = [head[0], *(c for c in ranked if c.id != head[0].id)]
         per_aspect[aspect] = _aspect_passages(aspect, ranked, numbers, chunks)
     yield event(
         "retriever", t0, f"{len(numbers)} passages of {paper_id} for 5 aspects",
@@ -263,10 +350,11 @@ def iter_summary(
     )  # fmt: skip
     parts: list[SummaryPart] = []
     support: dict[int, float] = {}
+    used: set[str] = set()  # sentences already taken by an extractive part
     for aspect in ASPECTS:
         check("synthesizer")
         t0 = time.perf_counter()
-        part, sup = write_part(aspect, per_aspect[aspect], llm, scorer)
+        part, sup = write_part(aspect, per_aspect[aspect], llm, scorer, used)
         for n, s in sup.items():
             support[n] = max(support.get(n, 0.0), s)
         parts.append(part)

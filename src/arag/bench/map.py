@@ -80,7 +80,7 @@ def run_map_bench(settings: Settings, *, seed: int = 0) -> MapBench:
     results = []
     for method in ("pca", "tsne"):
         t0 = time.perf_counter()
-        xy, used = project(vectors, method, seed)  # type: ignore[arg-type]
+        xy, used = project(vectors, method, seed)
         seconds = time.perf_counter() - t0
         results.append(
             ProjectionFigures(
