@@ -110,8 +110,8 @@ ABSTRACT_LEADS = frozenset({"problem", "method", "data", "results"})
 _OTHERS = re.compile(r"related|background|previous|prior|other approaches|literature", re.I)
 _DANGLING = re.compile(r"\b(?:by|in|of|as|see|from|to|and|with|e\.g|i\.e)[.,;:]?\s*$", re.I)
 _PLACEHOLDER = re.compile(r"\b(?:BIBREF|TABREF|FIGREF|SECREF|EQREF|INLINEFORM|DISPLAYFORM)\d+")
-ASPECT_TOKENS = 450
-ANSWER_TOKENS = 120
+ASPECT_TOKENS = 320
+ANSWER_TOKENS = 100
 FALLBACK_SENTENCES = 3
 
 
