@@ -209,7 +209,12 @@ def tools_llm() -> ScriptedLLM:
             return f"{first} [1]. {INVENTED} [2]."
         if system == prompts.RELATED_SYSTEM:
             listed = re.findall(r"^1\. ([^:\n]+):", user, re.M)
-            return f"1. Both concern {listed[0]}.\n2. It studies volcanoes on Jupiter's moons."
+            # Line 3 repeats the listing (as the 1.5B does): not a relation, so the extractive line.
+            echo = re.search(r"^3\. (.+)$", user, re.M)
+            return (
+                f"1. Both concern {listed[0]}.\n2. It studies volcanoes on Jupiter's moons.\n"
+                f"3. 3. {echo.group(1) if echo else ''}"
+            )
         if system == prompts.SYNTH_SYSTEM:
             return "Short answer: not in the library\nExplanation: not in the library"
         return "{}"
@@ -262,6 +267,7 @@ def test_related_lines_from_the_llm_are_kept_only_when_the_abstracts_support_the
     assert len(rel.papers) == 3 and ONTOLOGY not in {p.paper_id for p in rel.papers}
     assert rel.papers[0].relation_mode == "llm" and rel.papers[0].relation.startswith("Both concern")
     assert rel.papers[1].relation_mode == "extractive" and "Jupiter" not in rel.papers[1].relation
+    assert rel.papers[2].relation_mode == "extractive" and rel.papers[2].relation.startswith("Also on")
     assert all(p.arxiv_url for p in rel.papers)
     with pytest.raises(Exception, match="k must be 1 to 50"):
         library.related(ONTOLOGY, k=0)

@@ -107,9 +107,9 @@ SUMMARY_SYSTEM = (
 SUMMARY_USER = "Passages:\n{passages}\n\nWrite the paper's {aspect}: {description}."
 SUMMARY_NOT_STATED = "not stated"
 RELATED_SYSTEM = (
-    "You relate research papers to one paper. For each numbered paper, write one short sentence on "
-    "what it shares with the paper or how it differs, using only the words of the abstracts given. "
-    "Reply with one line per paper, in the form '<number>. <sentence>'."
+    "You relate research papers to one paper. For each numbered paper, write one sentence that begins "
+    "with 'Both' and names what it shares with the paper: a task, a method or a dataset. Use only the "
+    "words of the abstracts given. Reply with one line per paper, in the form '<number>. Both ...'."
 )
 RELATED_USER = "The paper: {title}\n{abstract}\n\nRelated papers:\n{papers}"
 

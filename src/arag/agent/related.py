@@ -11,6 +11,7 @@ related abstract's sentence that shares most terms with the paper, after the sha
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import re
@@ -50,6 +51,7 @@ _COMMON = frozenset(
     )
 )
 _HEAD = re.compile(r"^Title: [^\n]*\n(Section: [^\n]*\n)?")
+_NUMBERED = re.compile(r"^\s*\d+[.)]\s*")
 _LINE = re.compile(r"^\s*\[?(\d+)[\].):]\s*(.+)$")
 
 
@@ -200,8 +202,21 @@ def llm_lines(llm: LLM, paper: LibraryPaper, others: list[LibraryPaper]) -> dict
     for line in reply.splitlines():
         m = _LINE.match(line)
         if m and 1 <= int(m.group(1)) <= len(others):
-            out.setdefault(int(m.group(1)), " ".join(strip_citations(m.group(2)).split()))
+            i = int(m.group(1))
+            text = " ".join(strip_citations(_NUMBERED.sub("", m.group(2))).split())
+            if text and not echoes(text, others[i - 1]):
+                out.setdefault(i, text)
     return out
+
+
+def echoes(line: str, other: LibraryPaper) -> bool:
+    """Whether a line only repeats the listing it was given (the paper's title and first sentences,
+    as small models do) instead of saying how the papers relate."""
+    listing = f"{other.title}: {_first(other.abstract, ABSTRACT_SENTENCES)}".lower()
+    low = line.lower()
+    return (
+        low.startswith(other.title.lower()[:30]) or difflib.SequenceMatcher(None, low, listing).ratio() > 0.7
+    )
 
 
 def related_papers(
