@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from arag.agent import prompts
 from arag.agent.paper_request import paper_request, tool_route
-from arag.agent.related import LibraryPaper, rank_related
+from arag.agent.related import LibraryPaper, rank_related, supported_by_both
+from arag.agent.support import LexicalSupport
 from arag.agent.terms import cited_numbers, sentences
 from arag.api import Library
 from arag.cli.main import app
@@ -109,6 +110,19 @@ def test_related_ranking_fuses_vector_and_term_ranks_in_an_exact_order() -> None
     # The shared terms most distinctive first: "delta" (only p0 and p2) before "alpha" (in four papers).
     assert ranked[0].shared[0] == "delta" and "alpha" not in ranked[0].shared and ranked[-1].shared == []
     assert rank_related(0, papers, vectors, k=2) == ranked[:2]
+
+
+def test_a_line_on_what_two_papers_share_needs_both_abstracts() -> None:
+    paper = LibraryPaper(id="a", title="Semantic parsing", abstract="We learn a semantic parser of questions")
+    modules = "Neural modules are assembled for semantic parsing of questions."
+    other = LibraryPaper(id="b", title="Neural modules", abstract=modules)
+    lexical = LexicalSupport(0.44)
+    assert supported_by_both("Both papers parse questions semantically.", paper, other, lexical)
+    # Words of one abstract only: supported by the two together, not by each.
+    line = "Both papers assemble neural modules."
+    assert not supported_by_both(line, paper, other, lexical)
+    joined = LibraryPaper(id="ab", title="", abstract=f"{paper.abstract} {other.title}. {other.abstract}")
+    assert supported_by_both(line, joined, joined, lexical)
 
 
 # -- a hand-made library whose related order is known ----------------------------------------------
@@ -208,11 +222,16 @@ def tools_llm() -> ScriptedLLM:
             first = sentences(_passages(user)[1])[0].rstrip(".")
             return f"{first} [1]. {INVENTED} [2]."
         if system == prompts.RELATED_SYSTEM:
-            listed = re.findall(r"^1\. ([^:\n]+):", user, re.M)
+            # Line 1 names words both abstracts use: a claim each abstract supports alone.
+            paper = user.split("\n\nRelated papers:")[0]
+            first = re.search(r"^1\. (.+)$", user, re.M)
+            listing = (first.group(1) if first else "").lower()
+            both = [w for w in re.findall(r"[a-z]{5,}", listing) if w in paper.lower()]
             # Line 3 repeats the listing (as the 1.5B does): not a relation, so the extractive line.
             echo = re.search(r"^3\. (.+)$", user, re.M)
             return (
-                f"1. Both concern {listed[0]}.\n2. It studies volcanoes on Jupiter's moons.\n"
+                f"1. Both concern {' and '.join(dict.fromkeys(both[:3]))}.\n"
+                "2. Both study volcanoes on Jupiter's moons.\n"
                 f"3. 3. {echo.group(1) if echo else ''}"
             )
         if system == prompts.SYNTH_SYSTEM:

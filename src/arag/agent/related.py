@@ -219,6 +219,12 @@ def echoes(line: str, other: LibraryPaper) -> bool:
     )
 
 
+def supported_by_both(line: str, paper: LibraryPaper, other: LibraryPaper, scorer: SupportScorer) -> bool:
+    """A line on what two papers share is a claim about each: each abstract must support it alone (a
+    line checked against the two together passes on words from one of them)."""
+    return all(scorer.score(line, f"{p.title}. {p.abstract}") >= scorer.threshold for p in (paper, other))
+
+
 def related_papers(
     target: int,
     papers: Sequence[LibraryPaper],
@@ -245,9 +251,7 @@ def related_papers(
     for i, (r, other) in enumerate(zip(ranked, others, strict=True), 1):
         line = lines.get(i, "")
         mode: Literal["llm", "extractive"] = "llm"
-        # The line must be supported by what the two abstracts say, like an answer's claim.
-        evidence = f"{paper.title}. {paper.abstract} {other.title}. {other.abstract}"
-        if not line or scorer.score(line, evidence) < scorer.threshold:
+        if not line or not supported_by_both(line, paper, other, scorer):
             line, mode = extractive_line(paper, other, r.shared), "extractive"
         out.append(
             RelatedPaper(
