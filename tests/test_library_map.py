@@ -148,6 +148,16 @@ def test_a_library_without_a_map_gets_one_from_topics_or_a_noop_build(
     build_library(get_settings(data_dir=data, corpus={"max_papers": 6}, **SMALL))  # nothing to add
     assert stored_points(settings) == mapped
 
+    # A map drawn for an earlier clustering (a build killed while drawing after a recluster) is stale.
+    state = LibraryState(settings.state_db)
+    try:
+        state.set_meta(MAP_KEY, {**state.get_meta(MAP_KEY), "topics": "5:3"})
+        assert map_missing(state)
+    finally:
+        state.close()
+    build_library(get_settings(data_dir=data, corpus={"max_papers": 6}, **SMALL))
+    assert stored_points(settings) == mapped
+
     forget()
     monkeypatch.setenv("ARAG_DATA_DIR", str(data))
     monkeypatch.setenv("ARAG_EMBEDDING__PROVIDER", "hash")

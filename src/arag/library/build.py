@@ -313,12 +313,14 @@ class LibraryBuilder:
         topics = {
             r.id: (int(a), labels.get(int(a), f"topic {int(a)}")) for r, a in zip(rows, assign, strict=True)
         }
-        # The map is drawn anew with the topics; otherwise new papers are placed among the mapped ones.
-        ts = self.settings.topics
-        update_map(self.state, rows, vectors, method=ts.map_method, seed=ts.seed, recompute=reclustered)
         current = {r.id: (r.topic, r.topic_label) for r in rows}
         changed = {pid: t for pid, t in topics.items() if current[pid] != t}
         if changed:
             self.store.set_topics(changed)
             self.store.flush()
             self.state.set_topics(changed)
+        # The map is drawn anew with the topics, otherwise new papers are placed among the mapped ones;
+        # after the topics are written, so that a kill during t-SNE (a minute on the full library) leaves
+        # the topics whole and only the map missing, which the next build or `arag library topics` draws.
+        ts = self.settings.topics
+        update_map(self.state, rows, vectors, method=ts.map_method, seed=ts.seed, recompute=reclustered)

@@ -116,11 +116,21 @@ def place(new: np.ndarray, ref: np.ndarray, ref_xy: np.ndarray, k: int = NEIGHBO
     return out
 
 
+def topics_key(state: LibraryState) -> str:
+    """Which clustering the topics come from (papers clustered, centroids): a map drawn for another
+    one is stale (a build killed while drawing it after a recluster)."""
+    cents = state.get_meta("topic_centroids") or []
+    return f"{state.get_meta('topic_clustered_papers') or 0}:{len(cents)}"
+
+
 def map_missing(state: LibraryState) -> bool:
-    """Whether some recorded paper has no point on the stored map (or there is no map)."""
+    """Whether some recorded paper has no point on the stored map, the map belongs to an earlier
+    clustering of the topics, or there is no map."""
     stored = state.get_meta(MAP_KEY)
     if not stored:
         return bool(state.papers())
+    if stored.get("topics") != topics_key(state):
+        return True
     points = stored.get("points", {})
     return any(r.id not in points for r in state.papers())
 
@@ -135,18 +145,21 @@ def update_map(
     recompute: bool,
 ) -> None:
     """Store the map of ``rows`` (their abstract vectors in ``vectors``, same order): projected anew
-    when ``recompute``, when there is none or when the method changed; otherwise papers without a
-    point are placed among the mapped ones and papers no longer recorded are forgotten."""
+    when ``recompute``, when there is none, or when the method or the topics' clustering changed since
+    it was drawn; otherwise papers without a point are placed among the mapped ones and papers no
+    longer recorded are forgotten."""
     stored = state.get_meta(MAP_KEY) or {}
     points: dict[str, list[float]] = stored.get("points", {})
     ids = [r.id for r in rows]
-    if recompute or not points or stored.get("asked") != method:
+    key = topics_key(state)
+    if recompute or not points or stored.get("asked") != method or stored.get("topics") != key:
         xy, used = project(vectors, method, seed)
         new_points = {
             pid: [round(float(a), 5), round(float(b), 5)] for pid, (a, b) in zip(ids, xy, strict=True)
         }
         state.set_meta(
-            MAP_KEY, {"method": used, "asked": method, "projected": len(ids), "points": new_points}
+            MAP_KEY,
+            {"method": used, "asked": method, "topics": key, "projected": len(ids), "points": new_points},
         )
         log.info("mapped %d papers (%s)", len(ids), used)
         return
