@@ -387,3 +387,55 @@ def test_phone_width_has_no_horizontal_scroll(browser: Browser, server: str, art
     finally:
         page.context.close()
     watch.check()
+
+
+def test_the_map_draws_the_papers_and_a_click_opens_one(page: Page, server: str, artifacts: Path) -> None:
+    page.goto(server)
+    page.get_by_role("tab", name="Map").click()
+    dots = page.locator("#map-svg .map-dot")
+    expect(dots).to_have_count(6)
+    expect(page.locator("#map-svg .map-label")).to_have_count(2)  # k = 2 topics, labelled
+    expect(page.locator("#map-summary")).to_contain_text("6 papers, 2 topics")
+    # Every dot lies inside the drawing, and they do not all sit on one spot.
+    boxes = [dots.nth(i).bounding_box() for i in range(6)]
+    svg_box = page.locator("#map-svg").bounding_box()
+    assert svg_box is not None and all(b is not None for b in boxes)
+    for b in boxes:
+        assert b is not None
+        assert svg_box["x"] <= b["x"] <= svg_box["x"] + svg_box["width"]
+        assert svg_box["y"] <= b["y"] <= svg_box["y"] + svg_box["height"]
+    assert len({(round(b["x"]), round(b["y"])) for b in boxes if b}) > 3
+    # A dot no label covers (labels sit at the topics' centres), hovered then clicked as a user would.
+    pid = page.evaluate(
+        """() => [...document.querySelectorAll('#map-svg .map-dot')].find((d) => {
+             const r = d.getBoundingClientRect();
+             return document.elementFromPoint(r.x + r.width / 2, r.y + r.height / 2) === d;
+           })?.dataset.id"""
+    )
+    assert pid, "every dot is covered by a label"
+    dot = page.locator(f'#map-svg .map-dot[data-id="{pid}"]')
+    title = httpx.get(f"{server}/papers/{pid}").json()["title"]
+    dot.hover()
+    expect(page.locator("#map-tip")).to_contain_text(title)
+    dot.click()
+    pane = page.locator("#map-paper")
+    expect(pane.locator(".map-paper-title")).to_have_text(title)
+    expect(pane.locator(".abstract")).not_to_be_empty()
+    expect(pane.get_by_role("link", name="arXiv")).to_have_attribute("href", f"https://arxiv.org/abs/{pid}")
+    expect(dot).to_have_class(re.compile(r"\bselected\b"))
+    page.screenshot(path=artifacts / "browser-map.png", full_page=True)
+    # The paper's research tools, from its view on the map.
+    pane.get_by_role("button", name="Related work").click()
+    expect(pane.locator(".related-paper")).to_have_count(5)
+    expect(pane.locator(".related-paper").first.get_by_role("link", name="arXiv")).to_be_visible()
+    pane.get_by_role("button", name="Summarise").click()
+    expect(pane.locator(".summary-part")).to_have_count(5)
+    expect(pane.locator(".summary .cite-badge").first).to_be_visible()
+    page.screenshot(path=artifacts / "browser-map-summary.png", full_page=True)
+    # A topic asks about itself over the whole library.
+    page.locator("#map-topics .linklike").first.click()
+    expect(page.locator("#panel-ask")).to_be_visible()
+    expect(page.get_by_label("Research question")).to_have_value(
+        re.compile(r"^What do the library's papers on ")
+    )
+    expect(stage(page, "route")).to_have_attribute("data-state", "done")

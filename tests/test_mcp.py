@@ -1,4 +1,4 @@
-"""`arag mcp`: the four tools through the SDK's client, in-process over memory streams on a small
+"""`arag mcp`: the six tools through the SDK's client, in-process over memory streams on a small
 hash-embedder library (6 QASPER papers, no reranker) with a scripted LLM, then once over real stdio
 against `python -m arag.mcp_server`."""
 
@@ -27,7 +27,7 @@ from service_util import echo_llm
 
 COMPOSE = "1601.01705"
 SMALL = {"embedding": {"provider": "hash"}, "topics": {"k": 2}, "rerank": {"provider": "none"}}
-TOOLS = {"search_papers", "ask", "get_paper", "list_papers"}
+TOOLS = {"search_papers", "ask", "get_paper", "list_papers", "summarise_paper", "related_papers"}
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def ok(result: CallToolResult) -> dict[str, Any]:
     return result.structured_content
 
 
-def test_lists_the_four_tools_with_descriptions_and_schemas(library: Library) -> None:
+def test_lists_the_six_tools_with_descriptions_and_schemas(library: Library) -> None:
     async def body(client: Client) -> Any:
         return (await client.list_tools()).tools, client.server_info
 

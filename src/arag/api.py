@@ -18,15 +18,21 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
+import numpy as np
+
+from arag import paper_tools
 from arag.agent.chat_history import ChatHistory, Exchange, chat_db, validate_session_id
 from arag.agent.follow_up import Rewrite, Rewriter
 from arag.agent.graph import Agent, build_agent, validate_question
 from arag.agent.hooks import RunHooks
+from arag.agent.related import RelatedPapers
+from arag.agent.summary import PaperSummary
 from arag.corpus.arxiv_ids import bare_arxiv_id
 from arag.errors import InputError, NotFoundError, StoreError
 from arag.index.store import Store
 from arag.library.build import BuildSummary, Progress
 from arag.library.manage import list_papers, open_retrieval
+from arag.library.map import LibraryMap
 from arag.library.state import PaperRow
 from arag.llm.base import LLM
 from arag.llm.gguf import AssemblyProgress
@@ -127,6 +133,10 @@ class Library:
             raise
         self._store = retrieval.store
         self._embedder = retrieval.embedder
+        # Every paper's abstract vector, in the order of the paper list (related work): computed on
+        # first use from the embedding cache, dropped when the paper list changes.
+        self.abstract_vectors: np.ndarray | None = None
+        self.vectors_lock: threading.Lock = threading.Lock()
         # One writer at a time: ingests queue behind each other, searches go on meanwhile.
         self._ingest_lock = threading.Lock()
         c = self.settings.chat
@@ -145,7 +155,13 @@ class Library:
         """Answer a question (optionally only from ``papers``); ``on_event`` sees each agent step."""
         self._check_open()
         coverage = self.coverage()
-        answer = self.agent.run(question, self._filter(papers), on_event=on_event)
+        flt = self._filter(papers)
+        validate_question(question, self._max_chars)  # before the paper tools' rules read it
+        tool = paper_tools.tool_request(self, question, flt)
+        if tool is not None:
+            answer = paper_tools.collect(paper_tools.tool_stream(self, question, tool, None), on_event)
+        else:
+            answer = self.agent.run(question, flt, on_event=on_event)
         answer.coverage = coverage
         return answer
 
@@ -157,7 +173,34 @@ class Library:
         self._check_open()
         flt = self._filter(papers)
         validate_question(question, self._max_chars)
+        tool = paper_tools.tool_request(self, question, flt)
+        if tool is not None:
+            # "summarise <paper>" / "related work for <paper>": the tool, with its steps as events.
+            return _with_coverage(paper_tools.tool_stream(self, question, tool, hooks), self.coverage())
         return _with_coverage(self.agent.stream(question, flt, hooks), self.coverage())
+
+    # -- research tools around a paper ------------------------------------------------------------
+
+    def summarise(
+        self, paper_id: str, *, on_event: EventCallback | None = None, hooks: RunHooks | None = None
+    ) -> PaperSummary:
+        """A paper's problem, method, data, results and limits, each sentence cited [n] to a passage of
+        the paper and checked against it (unsupported sentences dropped)."""
+        self._check_open()
+        return paper_tools.summarise(self, self.paper(paper_id), on_event=on_event, hooks=hooks)
+
+    def related(self, paper_id: str, *, k: int = 5) -> RelatedPapers:
+        """The ``k`` papers of the library nearest a paper (abstract vectors and shared terms, fused),
+        each with a line on how it relates and its arXiv link."""
+        self._check_open()
+        if not 1 <= k <= 50:
+            raise InputError(f"k must be 1 to 50, got {k}", where="k", fix="ask for 1 to 50 papers")
+        return paper_tools.related(self, self.paper(paper_id), k)
+
+    def map(self) -> LibraryMap:
+        """The map of the library: each paper's 2-D point (from its abstract vector) and the topics."""
+        self._check_open()
+        return paper_tools.library_map(self.settings)
 
     def search(self, query: str, *, papers: Sequence[str] | None = None, k: int = 10) -> SearchResult:
         """Hybrid search and rerank without answering: the top ``k`` candidates (``ranked``) and the
@@ -168,6 +211,11 @@ class Library:
             raise InputError(f"k must be at least 1, got {k}", where="k", fix="ask for 1 or more passages")
         result = self.retriever.search(query, self._filter(papers))
         return result.model_copy(update={"ranked": result.ranked[:k]})
+
+    @property
+    def embedder(self) -> BaseEmbedder:
+        """The embedding model the library was built with."""
+        return self._embedder
 
     def papers(self, *, topic: int | None = None) -> list[PaperRow]:
         """The library's papers (as of opening), optionally those of one topic."""
@@ -319,6 +367,7 @@ class Library:
         papers = list_papers(self.settings)
         self.resolver = PaperResolver([(r.id, r.title) for r in papers])
         self._papers, self._ids = papers, frozenset(r.id for r in papers)
+        self.abstract_vectors = None
         self._hybrid.resolver = self.resolver
         self.rewriter.resolver = self.resolver
 

@@ -26,6 +26,7 @@ from arag.api import PAPERS_FIX, Library
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.errors import AragError
 from arag.library.state import PaperRow
+from arag.mcp_paper_tools import register_paper_tools
 from arag.records import Answer
 from arag.retrieval.pipeline import SearchResult
 from arag.service.schemas import MAX_PAPERS, PaperDetail
@@ -39,7 +40,8 @@ LibrarySource = Library | Callable[[], Awaitable[Library]]
 INSTRUCTIONS = (
     "arag answers research questions from a local library of AI/ML papers (mostly arXiv), with "
     "numbered citations whose support is checked. Use search_papers to find passages quickly, ask for "
-    "a cited answer, list_papers to find papers by title and get_paper for one paper's abstract. "
+    "a cited answer, list_papers to find papers by title and get_paper for one paper's abstract; "
+    "summarise_paper and related_papers are research tools around one paper. "
     "Only the library's papers are searched: when ask abstains, say so rather than answering from memory."
 )
 _PAPER_IDS = (
@@ -294,7 +296,7 @@ def _tool_message(exc: AragError) -> str:
 def build_server(
     library: LibrarySource, *, workers: int | None = None, lifespan: Any = None
 ) -> MCPServer[Any]:
-    """An MCP server whose four tools answer from ``library``, or from the library an async callable
+    """An MCP server whose six tools answer from ``library``, or from the library an async callable
     gives once it is open (``run_stdio`` opens it while the handshake goes on). ``workers``: library
     calls at once (default: the service's setting). The caller closes the library."""
     get_library: Callable[[], Awaitable[Library]]
@@ -417,6 +419,7 @@ def build_server(
         page = await call(lambda lib: _page(lib.papers(), query, offset, limit))
         return _result(page, _page_text(page, query))
 
+    register_paper_tools(server, call)
     return server
 
 

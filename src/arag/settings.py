@@ -193,6 +193,8 @@ class TopicSettings(BaseModel):
     k: int = 20
     seed: int = 0
     label_terms: int = 4
+    # The map of the library (library/map.py): t-SNE over the abstract vectors, or PCA.
+    map_method: Literal["tsne", "pca"] = "tsne"
 
 
 class ArxivSettings(BaseModel):

@@ -63,6 +63,36 @@ def bench_build(
         console.print(f"wrote {json_out}")
 
 
+@bench_app.command("map")
+@handle_errors
+def bench_map(
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
+) -> None:
+    """The library map's projections on the built library: PCA (baseline) vs t-SNE (default), timed,
+    with the share of each paper's 10 nearest papers kept as neighbours on the map, and topic purity."""
+    from arag.bench.map import run_map_bench
+
+    settings = load_settings()
+    with console.status("projecting the abstract vectors (PCA, then t-SNE)"):
+        r = run_map_bench(settings)
+    table = Table(
+        "projection", "seconds", f"{r.neighbours}-NN kept", "topic purity",
+        title=f"map benchmark ({r.papers} papers, {r.topics} topics; vectors in {r.embed_seconds:.1f} s)",
+        title_justify="left",
+    )  # fmt: skip
+    for p in r.results:
+        table.add_row(p.method, f"{p.seconds:.2f}", f"{p.neighbour_agreement:.3f}", f"{p.topic_purity:.3f}")
+    console.print(table)
+    base, ours = r.results[0], r.results[1]
+    if base.neighbour_agreement > 0:
+        console.print(
+            f"t-SNE / PCA neighbours kept: x{ours.neighbour_agreement / base.neighbour_agreement:.1f}"
+        )
+    if json_out:
+        json_out.write_text(r.model_dump_json(indent=2))
+        console.print(f"wrote {json_out}")
+
+
 @bench_app.command("retrieval")
 @handle_errors
 def bench_retrieval(

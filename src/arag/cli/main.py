@@ -42,6 +42,9 @@ def _register_subapps() -> None:
     from arag.cli.train import train_app
 
     register_ask(app)
+    from arag.cli.paper_tools import register as register_paper_tools
+
+    register_paper_tools(app)
     from arag.cli.mcp import register as register_mcp
     from arag.cli.serve import serve_cmd
 
@@ -214,13 +217,22 @@ def library_migrate(
 def library_topics(
     recluster: Annotated[bool, typer.Option(help="Cluster all abstracts again (labels too).")] = False,
 ) -> None:
-    """Show the topics (k-means over abstract vectors); --recluster recomputes them."""
+    """Show the topics (k-means over abstract vectors); --recluster recomputes them and the map."""
     from arag.library.build import LibraryBuilder
+    from arag.library.map import map_missing
+    from arag.library.state import LibraryState
 
     settings = load_settings()
-    if recluster:
-        with LibraryBuilder(settings) as builder:
-            builder.update_topics(recluster=True)
+    state = LibraryState(settings.state_db)
+    try:
+        unmapped = map_missing(state)
+    finally:
+        state.close()
+    if recluster or unmapped:
+        # A library built before the map existed gets one here (topics untouched without --recluster).
+        status = "clustering and mapping the papers" if recluster else "mapping the papers"
+        with console.status(status), LibraryBuilder(settings) as builder:
+            builder.update_topics(recluster=recluster)
     _print_topics(settings)
 
 

@@ -27,6 +27,7 @@ from arag.index.factory import open_store
 from arag.index.sparse import BM25Encoder
 from arag.index.store import Store
 from arag.ingest.chunker import chunk_paper
+from arag.library.map import map_missing, update_map
 from arag.library.sources import keep_sources
 from arag.library.state import Failure, LibraryState, PaperRow
 from arag.library.topics import assign_nearest, kmeans, label_clusters
@@ -213,7 +214,7 @@ class LibraryBuilder:
         summary.mean_overlap_sentences = float(np.mean(overlaps)) if overlaps else 0.0
         summary.texts_embedded = self.embedder.texts_run - run_before
         with self._lock:
-            if summary.papers_added or self._topics_missing():
+            if summary.papers_added or self._topics_missing() or map_missing(self.state):
                 self.update_topics()
                 summary.topics_updated = True
             if summary.papers_added:
@@ -321,7 +322,8 @@ class LibraryBuilder:
         centroids = self.state.get_meta("topic_centroids")
         clustered_n = self.state.get_meta("topic_clustered_papers") or 0
         grown = len(rows) > 1.1 * clustered_n
-        if recluster or centroids is None or grown:
+        reclustered = recluster or centroids is None or grown
+        if reclustered:
             assign, cents = kmeans(vectors, self.settings.topics.k, seed=self.settings.topics.seed)
             labels = label_clusters(
                 [r.abstract_text or r.title for r in rows],
@@ -344,3 +346,8 @@ class LibraryBuilder:
             self.store.set_topics(changed)
             self.store.flush()
             self.state.set_topics(changed)
+        # The map is drawn anew with the topics, otherwise new papers are placed among the mapped ones;
+        # after the topics are written, so that a kill during t-SNE (a minute on the full library) leaves
+        # the topics whole and only the map missing, which the next build or `arag library topics` draws.
+        ts = self.settings.topics
+        update_map(self.state, rows, vectors, method=ts.map_method, seed=ts.seed, recompute=reclustered)

@@ -15,7 +15,10 @@ from pydantic import BaseModel
 
 from arag.agent.graph import validate_question
 from arag.agent.hooks import RunHooks
+from arag.agent.related import RelatedPapers
+from arag.agent.summary import PaperSummary
 from arag.errors import AragError, Cancelled, InputError
+from arag.library.map import LibraryMap
 from arag.records import Answer, NodeEvent
 from arag.service.guard import BodyTooLarge
 from arag.service.jobs import check_upload, parse_arxiv_ids
@@ -326,6 +329,51 @@ async def papers(
         rows = [r for r in rows if all(w in r.title.casefold() for w in words)]
     page = rows[offset : offset + limit]
     return PaperList(total=len(rows), offset=offset, limit=limit, papers=[PaperOut.of(r) for r in page])
+
+
+@api.get(
+    "/papers/{paper_id:path}/summary",
+    response_model=PaperSummary,
+    summary="A paper's problem, method, data, results and limits, each sentence cited to its passages",
+    description="Each aspect is written from the paper's passages found for it (by the LLM, or taken "
+    "from the passages without one); every sentence is checked against the passage it cites and "
+    "dropped when unsupported. `sources` are the cited passages; `events` the steps and their times.",
+)
+async def paper_summary(paper_id: str, request: Request) -> PaperSummary:
+    svc = _svc(request)
+    lib = svc.lib()
+    lib.paper(paper_id)  # an unknown id is a 404 before the queue
+    return await svc.pool.run(lambda: lib.summarise(paper_id))
+
+
+@api.get(
+    "/papers/{paper_id:path}/related",
+    response_model=RelatedPapers,
+    summary="The papers nearest a paper (abstract vectors and shared terms), with how each relates",
+    description="Two rankings of the other papers, by the cosine of abstract vectors and by the TF-IDF "
+    "cosine of title and abstract terms, fused by reciprocal rank fusion (k = 60). Each paper has one "
+    "line on how it relates (the LLM's when the abstracts support it, else an abstract sentence).",
+)
+async def paper_related(
+    paper_id: str,
+    request: Request,
+    k: Annotated[int, Query(ge=1, le=50, description="how many related papers")] = 5,
+) -> RelatedPapers:
+    svc = _svc(request)
+    lib = svc.lib()
+    lib.paper(paper_id)
+    return await svc.pool.run(lambda: lib.related(paper_id, k=k))
+
+
+@api.get(
+    "/map",
+    response_model=LibraryMap,
+    summary="The map of the library: each paper as a 2-D point from its abstract vector, and the topics",
+    responses={503: {"model": ErrorBody, "description": "no map yet: `arag library topics` computes it"}},
+)
+async def library_map(request: Request) -> LibraryMap:
+    lib = _svc(request).lib()
+    return await asyncio.to_thread(lib.map)
 
 
 @api.get("/papers/{paper_id:path}", response_model=PaperDetail, summary="One paper")

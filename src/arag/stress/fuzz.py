@@ -9,8 +9,9 @@ model the service sends (see ``_check_sse``). Pass: no server error, no schema v
 the server left unanswered, and ``/ready`` still ready after the run (``POST /ingest`` got generated
 bodies; a corrupted library fails readiness).
 
-Answering runs the agent, so ``/query``, ``/query/stream`` and ``/chat`` get fewer examples
-(``answer_examples``): run against a small library with a scripted or extractive LLM.
+Answering runs the agent (or a paper tool), so ``/query``, ``/query/stream``, ``/chat`` and a paper's
+summary and related papers get fewer examples (``answer_examples``): run against a small library with
+a scripted or extractive LLM.
 """
 
 from __future__ import annotations
@@ -27,7 +28,15 @@ from arag.records import NodeEvent
 from arag.service.schemas import ErrorBody, QueryResponse, StartEvent, TokenEvent
 
 # Operations that run the agent: each positive case is a full answer.
-ANSWERING = frozenset({"POST /query", "POST /query/stream", "POST /chat"})
+ANSWERING = frozenset(
+    {
+        "POST /query",
+        "POST /query/stream",
+        "POST /chat",
+        "GET /papers/{paper_id}/summary",
+        "GET /papers/{paper_id}/related",
+    }
+)
 SSE_OPERATION = "POST /query/stream"
 # An answer's stream: start, ~10 nodes, a token per piece of the answer, the answer.
 MAX_STREAM_EVENTS = 100_000

@@ -1,5 +1,9 @@
 // The arag page: ask (streamed over SSE), search, papers, how it works. Plain ES module, no build
 // step, no third-party code. Server text is only ever set as textContent, never as HTML.
+// The map (map.js) and the paper tools (papertools.js) import the helpers this module exports.
+
+import { initMap } from "./map.js";
+import { paperToolButtons, toolOutput } from "./papertools.js";
 
 const $ = (sel, root = document) => root.querySelector(sel);
 const $$ = (sel, root = document) => Array.from(root.querySelectorAll(sel));
@@ -235,7 +239,7 @@ function clearError() {
 
 // -- tabs -----------------------------------------------------------------------------------------
 
-const TABS = ["ask", "search", "papers", "about"];
+const TABS = ["ask", "search", "papers", "map", "about"];
 const tabLoaders = {};
 
 function selectTab(name, { focus = false, updateHash = true } = {}) {
@@ -732,6 +736,16 @@ async function ask(raw) {
   }
 }
 
+// A question asked from elsewhere on the page (a topic of the map): over the whole library.
+function askAbout(question) {
+  setScope([]);
+  const q = $("#question");
+  q.value = question;
+  q.dispatchEvent(new Event("input"));
+  selectTab("ask");
+  ask(question);
+}
+
 function stop() {
   if (!controller) return;
   controller.abort();
@@ -895,19 +909,23 @@ function paperItem(p) {
         try {
           const d = await api(`/papers/${encodeURIComponent(p.id)}`);
           detail.dataset.loaded = "1";
+          const out = toolOutput();
           detail.replaceChildren(...[
             d.authors?.length ? el("p", { class: "muted", text: d.authors.join(", ") }) : null,
             d.topic_label ? el("p", { class: "muted small" }, `Topic: ${d.topic_label}`) : null,
             el("h3", { class: "abstract-h", text: "Abstract" }),
             el("p", { class: "abstract", text: (d.abstract || "").trim() || "(no abstract)" }),
-            el("button", {
-              type: "button", class: "btn",
-              onclick: () => {
-                setScope([d.id], { [d.id]: d.title });
-                selectTab("ask");
-                $("#question").focus();
-              },
-            }, "Ask about this paper"),
+            el("div", { class: "paper-actions" },
+              el("button", {
+                type: "button", class: "btn",
+                onclick: () => {
+                  setScope([d.id], { [d.id]: d.title });
+                  selectTab("ask");
+                  $("#question").focus();
+                },
+              }, "Ask about this paper"),
+              ...paperToolButtons(d.id, out)),
+            out,
           ].filter(Boolean));
         } catch (exc) {
           detail.replaceChildren();
@@ -1062,6 +1080,7 @@ function init() {
   initAsk();
   initSearch();
   initPapers();
+  initMap();
   $("#error-close").addEventListener("click", clearError);
   $("#scope-clear").addEventListener("click", () => setScope([]));
   const params = new URLSearchParams(location.search);
@@ -1074,3 +1093,5 @@ function init() {
 }
 
 init();
+
+export { $, api, arxivLink, askAbout, el, selectTab, setScope, showError, tabLoaders };
