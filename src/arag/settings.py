@@ -113,6 +113,18 @@ class RetrievalSettings(BaseModel):
     strategy: Literal["plain", "multi-query", "hyde"] = "plain"
     # multi-query: rewrites asked for (the question itself is always searched too).
     variants: int = 3
+    # A question that names no paper also ranks papers (retrieval/papers.py): wider searches than the
+    # passage lists above (an open question's papers sit deeper than one paper's best passage), their
+    # hits aggregated per paper, the top papers kept, each with its best passages reranked.
+    paper_ranking: bool = True
+    paper_abstract_k: int = 40
+    paper_passage_k: int = 80
+    paper_bm25_k: int = 80
+    papers_k: int = 10
+    # Hits of one paper that count towards its score (each worth half the one before), and the best
+    # of its chunks that are reranked and kept for it.
+    paper_hits: int = 3
+    passages_per_paper: int = 2
 
 
 class RerankSettings(BaseModel):
@@ -233,6 +245,14 @@ class AgentSettings(BaseModel):
     override_false_abstain: bool = True
     closest_papers: int = 3
     concurrent: bool = True
+    # An open question (it names no paper): at most this many papers in its literature answer, and an
+    # LLM overview of their points (two or three cited sentences) above the grouped points. The
+    # overview is the answer's one generation: ~400 prompt tokens, ~15 s with the local 1.5B.
+    literature_papers: int = 8
+    # Passages of each paper numbered in its context (its point is drawn from one of them).
+    literature_passages: int = 2
+    literature_overview: bool = True
+    overview_tokens: int = 120
 
 
 class ChatSettings(BaseModel):

@@ -11,8 +11,9 @@ from arag.agent import prompts
 from arag.agent.answer_type import strip_lead
 from arag.agent.context import build_context, context_budget, format_passages
 from arag.agent.deps import AgentDeps, ask_json
+from arag.agent.literature import grade_literature
 from arag.agent.state import AgentState, Evidence, Grade, QueryOutcome, Step
-from arag.agent.terms import coverage, entities, has_entity, key_terms, term_words
+from arag.agent.terms import coverage, entities, has_entity, key_terms, strip_self_reference, term_words
 from arag.index.sparse import tokenize
 from arag.retrieval.resolve import PaperRef
 from arag.settings import AgentSettings
@@ -24,10 +25,11 @@ def passage_text(e: Evidence) -> str:
 
 
 def question_focus(question: str, resolved: PaperRef | None) -> str:
-    """The question without the paper it names: the title's words are not in the passages' text."""
+    """The question without the paper it names (the title's words are not in the passages' text) and
+    without words about the assistant itself ("in this library")."""
     if resolved is not None:
         question = resolved.remainder(question)
-    return strip_lead(question)
+    return strip_self_reference(strip_lead(question))
 
 
 def grade_evidence(
@@ -110,6 +112,16 @@ def make_grader(deps: AgentDeps):
     def grader(state: AgentState) -> Step:
         question = state["question"]
         evidence = list(state.get("evidence", []))
+        if state.get("literature"):
+            grade = grade_literature(
+                list(state.get("plan", [question])),
+                list(state.get("rankings", [])),
+                evidence,
+                max_papers=deps.settings.literature_papers,
+            )
+            papers = len({pid for p in grade.parts for pid in p.paper_ids})
+            decision = f"{grade.verdict} (literature): " + "; ".join(grade.reasons)
+            return Step({"grade": grade}, decision, {"papers": papers, "passages": len(evidence)})
         grade = grade_evidence(
             question,
             list(state.get("plan", [question])),
