@@ -137,6 +137,8 @@ def print_answer(a: Answer) -> None:
                     highlight=False,
                     soft_wrap=True,
                 )
+    elif a.form == "literature" and a.groups:
+        print_literature(a)
     else:
         if a.short_answer:
             console.print(f"[bold]{escape(a.short_answer)}[/]", highlight=False, soft_wrap=True)
@@ -160,6 +162,36 @@ def print_answer(a: Answer) -> None:
     if a.llm_cached_calls:
         took += f" ({a.llm_cached_calls} LLM replies from the cache)"
     console.print(f"[dim]{a.route} · {a.mode}{extra} · {took}[/]", highlight=False)
+
+
+def print_literature(a: Answer) -> None:
+    """A literature answer: the overview, each group's cited points under its label, then the papers
+    with their arXiv links."""
+    console.print(f"[bold]{escape(a.short_answer)}[/]", highlight=False, soft_wrap=True)
+    group_texts = {g.text for g in a.groups}
+    for para in a.text.split("\n\n"):
+        if para and para not in group_texts:
+            console.print(escape(para), highlight=False, soft_wrap=True)
+            console.print()
+    for g in a.groups:
+        console.print(f"[bold cyan]{escape(g.label)}[/]", highlight=False, soft_wrap=True)
+        console.print(escape(g.text), highlight=False, soft_wrap=True)
+        console.print()
+    console.print("[bold]Papers[/]")
+    support = {c.n: c for c in a.citations}
+    for p in a.papers:
+        c = support.get(p.n)
+        mark = "" if c is None or c.supported else " [yellow](unsupported)[/]"
+        console.print(
+            f"  [bold][{p.n}][/] {escape(p.title)} · {p.url or p.paper_id} · {escape(p.group)}{mark}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    others = sorted({c.n for c in a.citations} - {p.n for p in a.papers})
+    for n in others:
+        c = support[n]
+        link = arxiv_url(c.paper_id) or c.paper_id
+        console.print(f"  [bold][{n}][/] {escape(c.title)} · {link}", highlight=False, soft_wrap=True)
 
 
 @handle_errors

@@ -518,6 +518,8 @@ function renderAnswer(a) {
                 arxivLink(p.paper_id, "arXiv")))))
           : null),
     );
+  } else if (a.form === "literature" && a.groups?.length) {
+    box.append(literatureAnswer(a, ctx));
   } else {
     const short = (a.short_answer || "").trim();
     box.append(
@@ -537,6 +539,30 @@ function renderAnswer(a) {
   }
   box.append(answerMeta(a));
   renderSources(a, ctx);
+}
+
+// An open question's answer: the overview, each group's cited points under its label, the papers.
+function literatureAnswer(a, ctx) {
+  const groupTexts = new Set(a.groups.map((g) => g.text));
+  const overview = (a.text || "").split(/\n{2,}/).filter((p) => p.trim() && !groupTexts.has(p));
+  return el("div", { class: "answered literature", "data-testid": "literature" },
+    el("p", { class: "short-answer", "data-testid": "short-answer", text: a.short_answer || "" }),
+    el("div", { class: "explanation", "data-testid": "explanation" },
+      overview.map((p) => el("p", {}, citedNodes(p, ctx))),
+      a.groups.map((g) => el("section", { class: "lit-group", "data-testid": "lit-group" },
+        el("h3", { text: g.label }),
+        el("p", {}, citedNodes(g.text, ctx))))),
+    el("h3", { text: `Papers (${(a.papers || []).length})` }),
+    el("ol", { class: "lit-papers", "data-testid": "lit-papers" }, (a.papers || []).map((p) =>
+      el("li", {},
+        citeButton(p.n, ctx), " ",
+        el("span", { class: "closest-title", text: p.title }), " ",
+        el("span", { class: "muted", text: `(${p.group})` }), " ",
+        arxivLink(p.paper_id, "arXiv") ?? el("span", { class: "muted", text: p.paper_id })))),
+    a.dropped_claims
+      ? el("p", { class: "note" },
+        `The verifier dropped ${a.dropped_claims} unsupported claim${a.dropped_claims === 1 ? "" : "s"}.`)
+      : null);
 }
 
 function answerMeta(a) {
