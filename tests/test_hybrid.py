@@ -77,7 +77,8 @@ def test_search_cli(lib: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     # The query names no paper: the papers are ranked too, each with its best passages.
     assert out["resolved_paper"] is None and out["papers"][0]["paper_id"] == "1601.00901"
     assert [p["rank"] for p in out["papers"]] == list(range(1, len(out["papers"]) + 1))
-    assert all(p["passages"] and p["passages"][0]["chunk"]["paper_id"] == p["paper_id"] for p in out["papers"])
+    for p in out["papers"]:
+        assert p["passages"] and p["passages"][0]["chunk"]["paper_id"] == p["paper_id"]
     shown = runner.invoke(app, ["search", "ontology grammar", "--explain"])
     assert shown.exit_code == 0 and "stages" in shown.output and "fused #" in shown.output
     assert "papers (the question names none" in shown.output

@@ -16,7 +16,7 @@ from arag.agent.deps import AgentDeps, ask_json
 from arag.agent.grader import question_focus
 from arag.agent.planner import invented, repair_ids
 from arag.agent.state import AgentState, Grade, Step
-from arag.agent.terms import content_words, key_terms, strip_self_reference
+from arag.agent.terms import content_words, drop_assistant_words, key_terms, strip_self_reference
 from arag.retrieval.resolve import PaperRef
 
 # Words of the question kept beside the missing ones, so the new query stays on the question's topic.
@@ -93,9 +93,11 @@ def make_reformulator(deps: AgentDeps):
             done = {q.strip().lower() for q in searched}
             if isinstance(queries, list):
                 fresh = [
-                    repair_ids(question, strip_self_reference(q.strip()))
+                    repair_ids(question, drop_assistant_words(q.strip(), question))
                     for q in queries
-                    if isinstance(q, str) and key_terms(strip_self_reference(q)) and not invented(question, q)
+                    if isinstance(q, str)
+                    and key_terms(drop_assistant_words(q, question))
+                    and not invented(question, q)
                 ]
                 fresh = [q for q in fresh if q.lower() not in done]
                 fresh = list(dict.fromkeys(fresh))[: settings.max_sub_queries]

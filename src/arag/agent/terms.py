@@ -196,3 +196,13 @@ def strip_self_reference(text: str) -> str:
         out = pattern.sub(r"\1" if i == 1 else "", out)
     out = re.sub(r"\s+([?.!,;:])", r"\1", re.sub(r"\s{2,}", " ", out)).strip()
     return out or text
+
+
+def drop_assistant_words(query: str, question: str) -> str:
+    """A search query without words about the assistant: its self-references, and the bare words
+    "library" and "arag" when the question used them of the assistant ("common library detect fake
+    news" from "the papers in this library")."""
+    out = strip_self_reference(query)
+    if strip_self_reference(question) != question:
+        out = re.sub(r"\s{2,}", " ", re.sub(r"\b(?:library|arag)\b", " ", out, flags=re.I)).strip()
+    return out or query
