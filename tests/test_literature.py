@@ -175,20 +175,24 @@ def test_addresses_needs_the_names_and_most_terms() -> None:
     assert not addresses(["We detect named entities."], sarcasm, [])
 
 
-def test_group_points_by_shared_terms() -> None:
+def test_group_points_by_approach() -> None:
     pts = [
-        Point(
-            n=1, paper_id="a", title="Stance detection for rumours", sentence="We classify stance with a GP."
-        ),
-        Point(n=2, paper_id="b", title="Stance and emotion", sentence="We model stance and emotion jointly."),
-        Point(n=3, paper_id="c", title="Fake news corpus", sentence="We release a corpus of fake news."),
-        Point(n=4, paper_id="d", title="A capsule network", sentence="Capsules detect fake news well."),
+        Point(n=1, paper_id="a", title="Rumour stance with BERT", sentence="We fine-tune BERT on stance."),
+        Point(n=2, paper_id="b", title="Capsule networks", sentence="A capsule network detects fake news."),
+        Point(n=3, paper_id="c", title="A fake news corpus", sentence="We release a corpus of fake news."),
+        Point(n=4, paper_id="d", title="RoBERTa for rumours", sentence="RoBERTa with an LSTM head."),
+        Point(n=5, paper_id="e", title="Annotated claims", sentence="We annotate claims for checking."),
+        Point(n=6, paper_id="f", title="Cues", sentence="Satire differs from fake news."),
     ]
     groups = group_points(pts, "How are rumours and fake news detected?")
     assert [(label, [p.paper_id for p in ps]) for label, ps in groups] == [
-        ("Stance", ["a", "b"]),
-        ("Other approaches", ["c", "d"]),
+        ("Pre-trained transformers (BERT and kin)", ["a", "d"]),
+        ("Datasets, corpora and shared tasks", ["c", "e"]),
+        ("Other approaches", ["b", "f"]),  # one neural network paper left: no group of its own
     ]
+    # An approach the question names is shared by all: not a group.
+    by_bert = group_points(pts, "How is BERT used to detect rumours?")
+    assert "Pre-trained transformers (BERT and kin)" not in [label for label, _ in by_bert]
     assert group_points(pts[:2], "q") == [("Papers", pts[:2])]
 
 

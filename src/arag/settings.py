@@ -250,7 +250,7 @@ class AgentSettings(BaseModel):
     # overview is the answer's one generation: ~400 prompt tokens, ~15 s with the local 1.5B.
     literature_papers: int = 8
     # Passages of each paper numbered in its context (its point is drawn from one of them).
-    literature_passages: int = 2
+    literature_passages: int = 3
     literature_overview: bool = True
     overview_tokens: int = 120
 

@@ -44,16 +44,33 @@ _FRAME = frozenset(
         "summarize overview literature survey various different main state art recent recently"
     )
 )
-# Terms too general to name an approach.
-_LABEL_STOP = frozenset(
-    tokenize(
-        "model models neural network networks learning learn deep task tasks data dataset datasets "
-        "language languages text texts system systems based new novel propose proposed present show "
-        "results result performance approach method use using used paper work evaluate evaluation "
-        "experiments state art improve improves improved achieve achieves effective effectively large "
-        "first two three one provide problem information features feature train training trained test "
-        "set sets english different also well better best can"
-    )
+# Approaches papers are grouped by: a label, and the words (in a paper's title or point) that put it
+# there. A category the question itself names (every paper would share it) is not used.
+_APPROACH_WORDS = (
+    ("Pre-trained transformers (BERT and kin)",
+     r"bert|roberta|xlnet|gpt-?\d?|elmo|transformers?|pre-?trained language models?"),
+    ("Transfer and multi-task learning",
+     r"transfer learning|multi-?task|domain adaptation|cross-?lingual transfer|zero-?shot|few-?shot"),
+    ("Neural networks (CNN, RNN, attention)",
+     r"cnns?|convolutional|lstms?|bi-?lstm|rnns?|recurrent|gru|capsule|attention|neural networks?|"
+     r"deep learning|encoder-decoder|seq2seq"),
+    ("Graphs and social context",
+     r"graphs?|propagation|diffusion|social context|user profiles?|network structure|"
+     r"conversation structure|meta-?data"),
+    ("Knowledge, evidence and retrieval",
+     r"knowledge bases?|knowledge graphs?|evidence|retriev\w*|external sources|fact-?check\w*|wikipedia"),
+    ("Features and classic classifiers",
+     r"features?|svms?|support vector|logistic regression|random forests?|naive bayes|lexicons?|"
+     r"linguistic cues|n-?grams?|hand-?crafted|rule-?based"),
+    ("Unsupervised and weak supervision",
+     r"unsupervised|distant(?:ly)? supervis\w*|weak(?:ly)? supervis\w*|self-?training|semi-?supervised|"
+     r"clustering"),
+    ("Multimodal", r"multi-?modal|images?|visual|audio|speech|video"),
+    ("Datasets, corpora and shared tasks",
+     r"datasets?|corpus|corpora|annotat\w*|benchmarks?|shared tasks?|crowd-?sourc\w*"),
+)  # fmt: skip
+APPROACHES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (label, re.compile(rf"\b(?:{words})\b", re.I)) for label, words in _APPROACH_WORDS
 )
 # A sentence that says what the paper itself does.
 _CUE = re.compile(
@@ -62,7 +79,9 @@ _CUE = re.compile(
     r"investigate|study|design|train|evaluate|find|demonstrate|compare|analy[sz]e|create|release)",
     re.I,
 )
+_ANAPHORA = re.compile(r"^\W*(?:it|this|these|those|they|such|there|however|thus|hence|therefore)\b", re.I)
 POINT_MIN_WORDS, POINT_MAX_WORDS = 6, 60
+_REFERS_BACK = re.compile(r"\b(?:it|its|they|their|them|this\s+paper|these\s+papers|the\s+paper)\b", re.I)
 # Share of the focus terms a paper's passages must hold to address the question.
 ADDRESS_COVERAGE = 0.5
 MAX_GROUPS = 4
@@ -112,9 +131,10 @@ def addressing_parts(
     per_part: int,
 ) -> list[PaperPart]:
     """For each planned part, the ranked papers that address it (its own terms), best first over the
-    passes, at most ``per_part``."""
+    passes, at most ``per_part``. A later part that refers back ("which paper learns X, and what data
+    was *it* evaluated on?") is about the first part's papers: only those, and at least its first."""
     parts: list[PaperPart] = []
-    for target in plan:
+    for i, target in enumerate(plan):
         terms = focus_terms(target)
         names = entities(strip_self_reference(target))
         best: dict[str, tuple[int, int]] = {}
@@ -127,24 +147,39 @@ def addressing_parts(
                     best[p.paper_id] = key
         ordered = sorted(best, key=lambda pid: best[pid])
         ok = [pid for pid in ordered if addresses(paper_texts(pid, evidence), terms, names)]
+        if i > 0 and parts[0].paper_ids and _REFERS_BACK.search(without_carried(target)):
+            first = parts[0].paper_ids
+            ok = [pid for pid in ok if pid in first] or first[:1]
         parts.append(PaperPart(target=target, paper_ids=ok[:per_part]))
     return parts
+
+
+def without_carried(target: str) -> str:
+    """A sub-query without the words the planner carried into it from the first clause ("(...)")."""
+    return re.sub(r"\s*\([^)]*\)\s*$", "", target)
 
 
 def point_score(sentence: str, terms: Sequence[str], *, abstract: bool) -> float:
     """How well a sentence states a paper's point on the question."""
     have = set(tokenize(sentence))
     share = sum(t in have for t in terms) / len(terms) if terms else 0.0
-    return share + (0.25 if _CUE.search(sentence) else 0.0) + (0.05 if abstract else 0.0)
+    # A sentence that says what the paper does beats one more on the topic; one that opens with a
+    # pronoun ("It is at the core of ...") reads badly out of its paragraph.
+    cue = 0.4 if _CUE.search(sentence) else 0.0
+    anaphora = 0.2 if _ANAPHORA.match(sentence) else 0.0
+    return share + cue - anaphora + (0.05 if abstract else 0.0)
 
 
-def draw_point(passages: Sequence[ContextPassage], terms: Sequence[str]) -> Point | None:
-    """A paper's point from its numbered passages: the best-scoring sentence of fitting length."""
+def draw_point(
+    passages: Sequence[ContextPassage], terms: Sequence[str], exclude: frozenset[str] = frozenset()
+) -> Point | None:
+    """A paper's point from its numbered passages: the best-scoring sentence of fitting length (not one
+    in ``exclude``: a paper's point for an earlier part of the question)."""
     best: tuple[float, int, int, str] | None = None
     for p in passages:
         text = strip_citations(strip_instructions(strip_placeholders(p.chunk.text))[0])
         for j, s in enumerate(sentences(text)):
-            if not POINT_MIN_WORDS <= len(s.split()) <= POINT_MAX_WORDS:
+            if not POINT_MIN_WORDS <= len(s.split()) <= POINT_MAX_WORDS or s.strip() in exclude:
                 continue
             score = point_score(s, terms, abstract=p.chunk.type == "abstract")
             key = (score, -p.n, -j, s)
@@ -157,46 +192,28 @@ def draw_point(passages: Sequence[ContextPassage], terms: Sequence[str]) -> Poin
     return Point(n=n, paper_id=chunk.paper_id, title=chunk.title, sentence=best[3].strip())
 
 
-def _label_terms(point: Point, question_terms: set[str]) -> list[str]:
-    terms = key_terms(f"{point.title} {point.sentence}")
-    return [
-        t
-        for t in terms
-        if t not in question_terms and t not in _LABEL_STOP and not t.isdigit() and len(t) > 2
-    ]
-
-
 def group_points(
     points: Sequence[Point], question: str, max_groups: int = MAX_GROUPS
 ) -> list[tuple[str, list[Point]]]:
-    """Points grouped by a term their papers' titles and points share beyond the question's: greedily,
-    the term that most ungrouped papers share (at least two) names the next group; the rest go to
-    "Other approaches". Fewer than three papers: one group."""
+    """Points grouped by approach (``APPROACHES``, matched in each paper's title and point): greedily,
+    the approach most of the ungrouped papers share (at least two) makes the next group; the rest go
+    to "Other approaches". Fewer than three papers: one group."""
     if len(points) < 3:
         return [("Papers", list(points))]
-    qterms = set(key_terms(question))
-    terms = {p.paper_id: _label_terms(p, qterms) for p in points}
-    words: dict[str, str] = {}
-    for p in points:
-        for t, w in term_words(f"{p.title} {p.sentence}").items():
-            words.setdefault(t, w)
+    usable = [(label, rx) for label, rx in APPROACHES if not rx.search(question)]
+    matched = {
+        p.paper_id: {label for label, rx in usable if rx.search(f"{p.title} {p.sentence}")} for p in points
+    }
     left = list(points)
     groups: list[tuple[str, list[Point]]] = []
     while left and len(groups) < max_groups - 1:
-        counts: dict[str, int] = {}
-        first: dict[str, int] = {}
-        for i, p in enumerate(left):
-            for t in terms[p.paper_id]:
-                counts[t] = counts.get(t, 0) + 1
-                first.setdefault(t, i)
-        cands = [t for t, c in counts.items() if c >= 2 and c < len(points)]
-        if not cands:
+        counts = {label: sum(label in matched[p.paper_id] for p in left) for label, _ in usable}
+        best = max((c for c in counts.values()), default=0)
+        if best < 2:
             break
-        label = min(cands, key=lambda t: (-counts[t], first[t], t))
-        members = [p for p in left if label in terms[p.paper_id]]
-        word = words.get(label, label)
-        groups.append((word if word.isupper() else word.capitalize(), members))
-        left = [p for p in left if label not in terms[p.paper_id]]
+        label = next(lbl for lbl, _ in usable if counts[lbl] == best)
+        groups.append((label, [p for p in left if label in matched[p.paper_id]]))
+        left = [p for p in left if label not in matched[p.paper_id]]
     if left:
         groups.append(("Other approaches" if groups else "Papers", left))
     return groups
@@ -274,14 +291,26 @@ def literature_context(
     ``per_paper`` each). The LLM reads only the points drawn from them; the verifier reads them whole."""
     order = list(dict.fromkeys(pid for p in parts for pid in p.paper_ids))
     out: list[ContextPassage] = []
-    seen: set[str] = set()
     for pid in order:
-        taken = 0
+        # Round-robin over the queries that found the paper: each part's best passage of it is numbered
+        # (a paper in two parts needs its passage on each), then the next best.
+        by_query: dict[str, list[Evidence]] = {}
         for e in evidence:
-            if e.chunk.paper_id != pid or e.chunk.id in seen or taken >= per_paper:
-                continue
-            seen.add(e.chunk.id)
-            taken += 1
+            if e.chunk.paper_id == pid:
+                by_query.setdefault(e.query, []).append(e)
+        queues = list(by_query.values())
+        picked: list[Evidence] = []
+        depth = 0
+        while len(picked) < per_paper and any(depth < len(q) for q in queues):
+            for q in queues:
+                if (
+                    depth < len(q)
+                    and len(picked) < per_paper
+                    and q[depth].chunk.id not in {x.chunk.id for x in picked}
+                ):
+                    picked.append(q[depth])
+            depth += 1
+        for e in picked:
             text = strip_instructions(strip_placeholders(e.chunk.text))[0]
             out.append(
                 ContextPassage(
@@ -293,7 +322,7 @@ def literature_context(
 
 def part_label(target: str) -> str:
     """A compound question's part as a group label: the sub-query without its lead or question mark."""
-    text = strip_self_reference(strip_lead(target)).rstrip("?.! ")
+    text = without_carried(strip_self_reference(strip_lead(target))).rstrip("?.! ")
     return text[:1].upper() + text[1:]
 
 
@@ -305,12 +334,19 @@ def literature_groups(
     for p in passages:
         by_paper.setdefault(p.chunk.paper_id, []).append(p)
 
+    used: set[str] = set()
+
     def points(pids: Sequence[str], terms: Sequence[str]) -> list[Point]:
-        drawn = [draw_point(by_paper.get(pid, []), terms) for pid in pids]
-        return [p for p in drawn if p is not None]
+        drawn = [draw_point(by_paper.get(pid, []), terms, frozenset(used)) for pid in pids]
+        out = [p for p in drawn if p is not None]
+        used.update(p.sentence for p in out)
+        return out
 
     if len(parts) > 1:
-        groups = [(part_label(p.target), points(p.paper_ids, focus_terms(p.target))) for p in parts]
+        # Each part's own words pick its points (not the words carried in from the first clause).
+        groups = [
+            (part_label(p.target), points(p.paper_ids, focus_terms(without_carried(p.target)))) for p in parts
+        ]
         return [(label, pts) for label, pts in groups if pts]
     pids = parts[0].paper_ids if parts else []
     return group_points(points(pids, focus_terms(question)), question)

@@ -139,7 +139,9 @@ def verify_literature(
             "free_form",
             mark=False,
         )
-        out.overview, out.support = v.explanation, dict(v.support)
+        # A "sentence" of markers or connectives alone says nothing: an overview keeps only claims.
+        said = [c for c in split_claims(v.explanation) if key_terms(strip_citations(c))]
+        out.overview, out.support = " ".join(said), dict(v.support)
         out.claims, out.supported, out.dropped = v.claims, v.supported, v.dropped
     for label, points in draft.groups:
         kept: list[tuple[int, str]] = []
