@@ -249,6 +249,8 @@ class AgentSettings(BaseModel):
     # LLM overview of their points (two or three cited sentences) above the grouped points. The
     # overview is the answer's one generation: ~400 prompt tokens, ~15 s with the local 1.5B.
     literature_papers: int = 8
+    # A paper's aggregated evidence must be at least this share of the best paper's to be cited.
+    literature_min_score: float = 0.45
     # Passages of each paper numbered in its context (its point is drawn from one of them).
     literature_passages: int = 3
     literature_overview: bool = True

@@ -118,6 +118,7 @@ def make_grader(deps: AgentDeps):
                 list(state.get("rankings", [])),
                 evidence,
                 max_papers=deps.settings.literature_papers,
+                min_ratio=deps.settings.literature_min_score,
             )
             papers = len({pid for p in grade.parts for pid in p.paper_ids})
             decision = f"{grade.verdict} (literature): " + "; ".join(grade.reasons)

@@ -129,6 +129,7 @@ def addressing_parts(
     evidence: Sequence[Evidence],
     *,
     per_part: int,
+    min_ratio: float = 0.0,
 ) -> list[PaperPart]:
     """For each planned part, the ranked papers that address it (its own terms), best first over the
     passes, at most ``per_part``. A later part that refers back ("which paper learns X, and what data
@@ -138,14 +139,20 @@ def addressing_parts(
         terms = focus_terms(target)
         names = entities(strip_self_reference(target))
         best: dict[str, tuple[int, int]] = {}
+        score: dict[str, float] = {}
         for r in rankings:
             if r.target != target:
                 continue
+            top = max((p.score for p in r.papers), default=0.0)
             for p in r.papers:
                 key = (r.pass_index, p.rank)
                 if p.paper_id not in best or key < best[p.paper_id]:
                     best[p.paper_id] = key
-        ordered = sorted(best, key=lambda pid: best[pid])
+                # Evidence relative to the ranking's best paper: a paper found by one stray hit deep
+                # in one list is not on the topic, whatever words it shares.
+                ratio = p.score / top if top > 0 else 1.0
+                score[p.paper_id] = max(score.get(p.paper_id, 0.0), ratio)
+        ordered = [pid for pid in sorted(best, key=lambda pid: best[pid]) if score[pid] >= min_ratio]
         ok = [pid for pid in ordered if addresses(paper_texts(pid, evidence), terms, names)]
         if i > 0 and parts[0].paper_ids and _REFERS_BACK.search(without_carried(target)):
             first = parts[0].paper_ids
@@ -250,11 +257,12 @@ def grade_literature(
     evidence: Sequence[Evidence],
     *,
     max_papers: int,
+    min_ratio: float = 0.0,
 ) -> Grade:
     """The verdict on an open question (a pure function): sufficient when every part has a paper that
     addresses it, partial when some part has none, unrelated when no paper addresses any part."""
     per_part = max_papers if len(plan) <= 1 else max(3, max_papers // len(plan))
-    parts = addressing_parts(plan, rankings, evidence, per_part=per_part)
+    parts = addressing_parts(plan, rankings, evidence, per_part=per_part, min_ratio=min_ratio)
     papers = list(dict.fromkeys(pid for p in parts for pid in p.paper_ids))
     ranked = len({p.paper_id for r in rankings for p in r.papers})
     empty = [p.target for p in parts if not p.paper_ids]

@@ -174,7 +174,8 @@ def print_literature(a: Answer) -> None:
             console.print(escape(para), highlight=False, soft_wrap=True)
             console.print()
     for g in a.groups:
-        console.print(f"[bold cyan]{escape(g.label)}[/]", highlight=False, soft_wrap=True)
+        if len(a.groups) > 1:  # one group needs no label
+            console.print(f"[bold cyan]{escape(g.label)}[/]", highlight=False, soft_wrap=True)
         console.print(escape(g.text), highlight=False, soft_wrap=True)
         console.print()
     console.print("[bold]Papers[/]")

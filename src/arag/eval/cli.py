@@ -215,6 +215,8 @@ OPEN_ROWS = (
     ("bm25_p10", "paper precision@10, BM25 title+abstract"),
     ("search_r10", "paper recall@10, search"),
     ("bm25_r10", "paper recall@10, BM25 title+abstract"),
+    ("search_rprec", "paper R-precision (at min(gold, 10)), search"),
+    ("bm25_rprec", "paper R-precision (at min(gold, 10)), BM25"),
     ("answered_covered", "answered (covered questions)"),
     ("answered_topic3", "answered (topic has >= 3 papers)"),
     ("cites3_of_answers", "answers citing >= 3 papers"),

@@ -105,8 +105,12 @@ class OpenRow(BaseModel):
     bm25: list[str]
     p10: float | None = None
     r10: float | None = None
+    rprec: float | None = Field(
+        default=None, description="precision at as many papers as there are gold ones"
+    )
     bm25_p10: float | None = None
     bm25_r10: float | None = None
+    bm25_rprec: float | None = None
     # With --answers: what the agent did.
     abstained: bool | None = None
     form: str | None = None
@@ -171,6 +175,8 @@ def score_row(
     if gold:
         row.p10, row.r10 = precision_at(search, gold), recall_at(search, gold)
         row.bm25_p10, row.bm25_r10 = precision_at(bm25, gold), recall_at(bm25, gold)
+        k = min(len(gold), K)
+        row.rprec, row.bm25_rprec = precision_at(search, gold, k), precision_at(bm25, gold, k)
     if answer is not None:
         row.abstained, row.form, row.seconds = answer.abstained, answer.form, seconds
         row.llm_cached_calls = answer.llm_cached_calls
@@ -195,6 +201,8 @@ def summarize(rows: Sequence[OpenRow], *, min_gold: int = 3) -> dict[str, Figure
         "search_r10": figure([r.r10 for r in covered if r.r10 is not None]),
         "bm25_p10": figure([r.bm25_p10 for r in covered if r.bm25_p10 is not None]),
         "bm25_r10": figure([r.bm25_r10 for r in covered if r.bm25_r10 is not None]),
+        "search_rprec": figure([r.rprec for r in covered if r.rprec is not None]),
+        "bm25_rprec": figure([r.bm25_rprec for r in covered if r.bm25_rprec is not None]),
     }
     answered = [r for r in covered if r.abstained is not None]
     if answered or any(r.abstained is not None for r in off):

@@ -550,7 +550,7 @@ function literatureAnswer(a, ctx) {
     el("div", { class: "explanation", "data-testid": "explanation" },
       overview.map((p) => el("p", {}, citedNodes(p, ctx))),
       a.groups.map((g) => el("section", { class: "lit-group", "data-testid": "lit-group" },
-        el("h3", { text: g.label }),
+        a.groups.length > 1 ? el("h3", { text: g.label }) : null,
         el("p", {}, citedNodes(g.text, ctx))))),
     el("h3", { text: `Papers (${(a.papers || []).length})` }),
     el("ol", { class: "lit-papers", "data-testid": "lit-papers" }, (a.papers || []).map((p) =>
