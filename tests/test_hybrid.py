@@ -81,7 +81,7 @@ def test_search_cli(lib: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
         assert p["passages"] and p["passages"][0]["chunk"]["paper_id"] == p["paper_id"]
     shown = runner.invoke(app, ["search", "ontology grammar", "--explain"])
     assert shown.exit_code == 0 and "stages" in shown.output and "fused #" in shown.output
-    assert "papers (the question names none" in shown.output
+    assert "the question names none: ranked by" in shown.output
     bad = runner.invoke(app, ["search", "x", "--type", "figure"])
     assert bad.exit_code == InputError.exit_code and "abstract, passage or table" in bad.output
 

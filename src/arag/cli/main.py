@@ -361,21 +361,22 @@ def search_cmd(
 
 def _print_papers(result: SearchResult) -> None:
     """The paper ranking of a question that names no paper: each paper's aggregated evidence."""
-    title = "papers (the question names none: ranked by their abstracts' and passages' evidence)"
-    columns = ("#", "paper", "title", "score", "abstract", "hits", "best rerank", "found by")
-    table = Table(*columns, title=title)
+    console.print(
+        "[bold]papers[/] (the question names none: ranked by their abstracts' and passages' evidence)"
+    )
+    table = Table("#", "paper", "score", "abstract", "hits", "rerank", "title", box=None, pad_edge=False)
     for p in result.papers:
         table.add_row(
             str(p.rank),
             p.paper_id,
-            escape(p.title),
             f"{p.score:.4f}",
             f"#{p.abstract_rank}" if p.abstract_rank else "-",
             str(p.passage_hits),
-            f"{p.best_rerank:.3f}" if p.best_rerank is not None else "-",
-            "+".join(p.found_by),
+            f"{p.best_rerank:.2f}" if p.best_rerank is not None else "-",
+            escape(p.title),
         )
     console.print(table)
+    console.print()
 
 
 def _explain_stages(result: SearchResult) -> None:
