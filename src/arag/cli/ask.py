@@ -178,21 +178,17 @@ def print_literature(a: Answer) -> None:
             console.print(f"[bold cyan]{escape(g.label)}[/]", highlight=False, soft_wrap=True)
         console.print(escape(g.text), highlight=False, soft_wrap=True)
         console.print()
-    console.print("[bold]Papers[/]")
+    # The papers drawn on, each by the [n] of its point (the sources of the answer), with its link.
+    console.print("[bold]Sources[/] (the papers, by their points)")
     support = {c.n: c for c in a.citations}
-    for p in a.papers:
-        c = support.get(p.n)
-        mark = "" if c is None or c.supported else " [yellow](unsupported)[/]"
-        console.print(
-            f"  [bold][{p.n}][/] {escape(p.title)} · {p.url or p.paper_id} · {escape(p.group)}{mark}",
-            highlight=False,
-            soft_wrap=True,
-        )
-    others = sorted({c.n for c in a.citations} - {p.n for p in a.papers})
-    for n in others:
+    for n in sorted(support):
         c = support[n]
-        link = arxiv_url(c.paper_id) or c.paper_id
-        console.print(f"  [bold][{n}][/] {escape(c.title)} · {link}", highlight=False, soft_wrap=True)
+        paper = next((p for p in a.papers if p.n == n), None)
+        parts = [escape(c.title), arxiv_url(c.paper_id) or c.paper_id]
+        if paper is not None:
+            parts.append(escape(paper.group))
+        parts.append(f"support {c.support:.2f}" + ("" if c.supported else " [yellow](unsupported)[/]"))
+        console.print(f"  [bold][{n}][/] " + " · ".join(parts), highlight=False, soft_wrap=True)
 
 
 @handle_errors
