@@ -331,3 +331,12 @@ def test_service_search_and_query_return_papers(lib: Settings) -> None:
         body = c.post("/query", json={"question": q}).json()
         assert body["form"] == "literature" and len(body["papers"]) >= 3 and body["groups"]
         assert {p["paper_id"] for p in body["papers"]} <= set(SARCASM)
+
+
+def test_a_paper_named_by_an_id_the_library_lacks_is_not_answered_from_others(
+    lib: Settings, retriever: Retriever
+) -> None:
+    a = build_agent(lib, retriever, None).run("Which multilingual approaches are compared in 1912.01214?")
+    assert a.abstained and a.form == "answer" and a.citations == []
+    grader = next(e for e in a.events if e.node == "grader")
+    assert "paper 1912.01214 is not in the library" in grader.decision

@@ -5,6 +5,7 @@ prefix). With a capable LLM, a context the evidence accepts is also checked by t
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from arag.agent import prompts
@@ -17,6 +18,8 @@ from arag.agent.terms import coverage, entities, has_entity, key_terms, strip_se
 from arag.index.sparse import tokenize
 from arag.retrieval.resolve import PaperRef
 from arag.settings import AgentSettings
+
+_ARXIV_ID = re.compile(r"(?<![\d.])\d{4}\.\d{4,5}(?:v\d+)?(?!\d)")
 
 
 def passage_text(e: Evidence) -> str:
@@ -41,6 +44,17 @@ def grade_evidence(
     settings: AgentSettings,
 ) -> Grade:
     """The evidence-based verdict (a pure function): unrelated, partial or sufficient, with reasons."""
+    unknown = [m.group(0) for m in _ARXIV_ID.finditer(question)] if resolved is None else []
+    if unknown:
+        # The question names a paper by arXiv id and no search resolved it: the library lacks it, and
+        # other papers' passages do not answer a question about it.
+        return Grade(
+            verdict="unrelated",
+            reasons=[f"paper {', '.join(unknown)} is not in the library"],
+            coverage=0.0,
+            missing_entities=unknown,
+            empty_queries=list(plan),
+        )
     if not evidence:
         return Grade(
             verdict="unrelated",

@@ -3,6 +3,8 @@ chunks no earlier query kept (deduplicated by chunk id), plus the papers closest
 
 from __future__ import annotations
 
+import re
+
 from arag.agent.answer_type import strip_lead
 from arag.agent.deps import AgentDeps
 from arag.agent.state import AgentState, Evidence, QueryOutcome, QueryPapers, Step
@@ -10,6 +12,7 @@ from arag.agent.terms import key_terms
 from arag.records import PaperHit, RankedChunk, RankedPaper, SearchFilter
 from arag.retrieval.pipeline import SearchResult
 
+NAMES_ID = re.compile(r"(?<![\d.])\d{4}\.\d{4,5}(?:v\d+)?(?!\d)")
 # Ranked candidates per sub-query that count towards the closest papers.
 CLOSEST_DEPTH = 10
 
@@ -71,6 +74,8 @@ def is_literature(state: AgentState, results: list[SearchResult]) -> bool:
     flt = state.get("flt")
     if flt is not None and flt.paper_ids is not None:
         return False
+    if NAMES_ID.search(state.get("question", "")):
+        return False  # it names a paper by id, one the library lacks: not a question about many
     return state.get("answer_type") != "yes_no" and any(r.papers for r in results)
 
 
