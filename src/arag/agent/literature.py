@@ -41,7 +41,8 @@ _FRAME = frozenset(
     tokenize(
         "researchers researcher research common commonly typical typically usually existing current "
         "automatically automatic ways approach approaches technique techniques methods people summarise "
-        "summarize overview literature survey various different main state art recent recently"
+        "summarize overview literature survey various different main state art recent recently "
+        "best good better way"
     )
 )
 # Approaches papers are grouped by: a label, and the words (in a paper's title or point) that put it
