@@ -102,12 +102,12 @@ def test_off_topic_question_abstains_after_exactly_one_retry(extractive: Agent) 
     assert a.citations == []
     # One retry: both passes' queries and chunks are kept (the reducers concatenate).
     assert _nodes(a) == RETRY_PATH and a.retries == 1
-    assert a.sub_queries == [q, "best pizza recipe Naples"]
+    assert a.sub_queries == [q, "pizza recipe Naples best"]
     assert {c.pass_index for c in a.chunks} == {0, 1}
     # An open question: every paper of the library ranked (6), its best 2 passages as evidence.
     assert [c.query for c in a.chunks if c.pass_index == 0] == [q] * 12
     assert len({c.chunk_id for c in a.chunks}) == len(a.chunks)
-    assert a.events[4].decision == "1 new query (rules): best pizza recipe Naples"
+    assert a.events[4].decision == "1 new query (rules): pizza recipe Naples best"
 
 
 def test_yes_no_question_gets_a_yes_no_short_answer(extractive: Agent) -> None:
