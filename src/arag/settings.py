@@ -247,14 +247,15 @@ class AgentSettings(BaseModel):
     concurrent: bool = True
     # An open question (it names no paper): at most this many papers in its literature answer, and an
     # LLM overview of their points (two or three cited sentences) above the grouped points. The
-    # overview is the answer's one generation: ~400 prompt tokens, ~15 s with the local 1.5B.
+    # overview is the answer's one generation: ~300 prompt tokens (six points, 25 words each) and at
+    # most 90 generated, ~11 s with the local 1.5B on 2 idle cores.
     literature_papers: int = 8
     # A paper's aggregated evidence must be at least this share of the best paper's to be cited.
     literature_min_score: float = 0.45
     # Passages of each paper numbered in its context (its point is drawn from one of them).
     literature_passages: int = 3
     literature_overview: bool = True
-    overview_tokens: int = 120
+    overview_tokens: int = 90
 
 
 class ChatSettings(BaseModel):

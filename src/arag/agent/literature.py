@@ -235,10 +235,11 @@ def point_text(point: Point) -> str:
     return f"{s} [{point.n}]."
 
 
-def format_points(points: Sequence[Point], max_words: int = 35) -> str:
-    """The points as the overview prompt shows them: "[n] Title: sentence", sentences clipped."""
+def format_points(points: Sequence[Point], max_words: int = 25, max_points: int = 6) -> str:
+    """The points as the overview prompt shows them: "[n] Title: sentence", the first ``max_points``
+    (one per paper, best first) with sentences clipped: every prompt token is prefill time on a CPU."""
     lines = []
-    for p in points:
+    for p in sorted(points, key=lambda p: p.n)[:max_points]:
         words = p.sentence.split()
         text = " ".join(words[:max_words]) + (" …" if len(words) > max_words else "")
         lines.append(f"[{p.n}] {p.title}: {text}")
