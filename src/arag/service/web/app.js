@@ -557,7 +557,7 @@ function literatureAnswer(a, ctx) {
       el("li", {},
         citeButton(p.n, ctx), " ",
         el("span", { class: "closest-title", text: p.title }), " ",
-        el("span", { class: "muted", text: `(${p.group})` }), " ",
+        a.groups.length > 1 ? el("span", { class: "muted", text: `(${p.group})` }) : null, " ",
         arxivLink(p.paper_id, "arXiv") ?? el("span", { class: "muted", text: p.paper_id })))),
     a.dropped_claims
       ? el("p", { class: "note" },
