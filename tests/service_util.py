@@ -62,6 +62,9 @@ def echo_llm(delay_s: float = 0.0) -> ScriptedLLM:
             m = re.search(r"^\[1\] [^\n]*\n(.*?)(?:\n\n\[\d+\] |\n\nQuestion:)", user, re.S | re.M)
             first = re.split(r"(?<=\.)\s", (m.group(1) if m else "nothing").replace("… ", ""))[0].rstrip(".")
             return f"Short answer: {' '.join(first.split()[:4])} [1]\nExplanation: {first} [1]."
+        if system == prompts.OVERVIEW_SYSTEM:  # a literature answer's overview: the first point, cited
+            m = re.search(r"^\[(\d+)\] [^:\n]*: (.*)$", user, re.M)
+            return f"{m.group(2).rstrip(' .…')} [{m.group(1)}]." if m else ""
         return "{}"  # router, planner, grader: the rules decide
 
     class Slow(ScriptedLLM):

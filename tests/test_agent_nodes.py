@@ -267,8 +267,11 @@ def test_validate_llm_plan() -> None:
         "ELMo results",
     ]
     assert validate_llm_plan(q, {"kind": "simple", "sub_queries": []}) == [q]
-    four = {"kind": "compound", "sub_queries": ["a BERT", "b ELMo", "c GPT", "d XLNet"]}
-    assert validate_llm_plan(q, four) == ["a BERT", "b ELMo", "c GPT"]
+    four = {"kind": "compound", "sub_queries": ["a BERT", "b ELMo", "c BERT ELMo", "d ELMo BERT"]}
+    assert validate_llm_plan(q, four) == ["a BERT", "b ELMo", "c BERT ELMo"]
+    # A sub-question the user did not ask ("c GPT") is dropped.
+    invented = {"kind": "compound", "sub_queries": ["a BERT", "b ELMo", "c GPT"]}
+    assert validate_llm_plan(q, invented) == ["a BERT", "b ELMo"]
     for bad in (
         None,
         {"kind": "many"},

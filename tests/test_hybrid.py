@@ -65,10 +65,17 @@ def test_search_cli(lib: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     runner = CliRunner()
     res = runner.invoke(app, ["search", "ontology grammar", "--json", "-k", "3"])
     assert res.exit_code == 0, res.output
-    hits = json.loads(res.output)
+    out = json.loads(res.output)
+    hits = out["hits"]
     assert len(hits) == 3 and hits[0]["chunk"]["paper_id"] == "1601.00901"
+    # The query names no paper: the papers are ranked too, each with its best passages.
+    assert out["resolved_paper"] is None and out["papers"][0]["paper_id"] == "1601.00901"
+    assert [p["rank"] for p in out["papers"]] == list(range(1, len(out["papers"]) + 1))
+    for p in out["papers"]:
+        assert p["passages"] and p["passages"][0]["chunk"]["paper_id"] == p["paper_id"]
     shown = runner.invoke(app, ["search", "ontology grammar", "--explain"])
     assert shown.exit_code == 0 and "stages" in shown.output and "fused #" in shown.output
+    assert "the question names none: ranked by" in shown.output
     bad = runner.invoke(app, ["search", "x", "--type", "figure"])
     assert bad.exit_code == InputError.exit_code and "abstract, passage or table" in bad.output
 

@@ -425,7 +425,8 @@ def test_retriever_with_the_identity_keeps_the_fused_order(lib: Settings) -> Non
     assert [c.chunk.id for c in r.ranked] == fused_ids
     assert [c.fused_rank for c in r.ranked] == list(range(1, 26))
     assert [c.chunk.id for c in r.kept] == fused_ids[:8]
-    assert r.model == "none" and set(r.timings) == {"search", "rerank"}
+    # The query names no paper: its papers are ranked too (timed as "papers").
+    assert r.model == "none" and set(r.timings) == {"search", "rerank", "papers"} and r.papers
     # found_by names the searches whose lists hold the chunk.
     lists = {
         "abstracts": r.hybrid.dense_abstracts,
@@ -461,7 +462,8 @@ def test_search_many_concurrent_equals_sequential(lib: Settings) -> None:
         assert [c.chunk.id for c in a.ranked] == [c.chunk.id for c in b.ranked]
         assert [c.chunk.id for c in a.kept] == [c.chunk.id for c in b.kept]
         assert [c.found_by for c in a.ranked] == [c.found_by for c in b.ranked]
-        assert len(a.kept) <= 8 and set(a.timings) == {"search", "rerank"}
+        assert len(a.kept) <= 8 and set(a.timings) == {"search", "rerank", "papers"}
+        assert [p.paper_id for p in a.papers] == [p.paper_id for p in b.papers]
 
 
 def test_make_reranking_retriever_uses_the_configured_reranker_and_mmr_vectors(lib: Settings) -> None:

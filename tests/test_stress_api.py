@@ -23,7 +23,7 @@ from arag.library.manage import build_library, load_resolver, open_for_search
 from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
 from arag.models.reranker import IdentityReranker
-from arag.records import Answer, Paper, SearchFilter, Section
+from arag.records import Answer, NodeEvent, Paper, SearchFilter, Section
 from arag.retrieval.hybrid import HybridRetriever
 from arag.retrieval.pipeline import Retriever, make_reranking_retriever
 from arag.service import create_app
@@ -232,13 +232,31 @@ class Recorder:
         self.llm = ScriptedLLM([], default=answer)
 
 
+class Scoped:
+    """The agent restricted to the three papers (the whole library): these questions name none, and an
+    open question gets a literature answer; the defences tested here are the one-answer synthesis's."""
+
+    ALL = SearchFilter(paper_ids=[p.id for p in PAPERS])
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def run(self, question: str, flt: SearchFilter | None = None) -> Answer:
+        return self.agent.run(question, flt or self.ALL)
+
+    def stream(
+        self, question: str, flt: SearchFilter | None = None, hooks: RunHooks | None = None
+    ) -> Iterator[NodeEvent | Answer]:
+        return self.agent.stream(question, flt or self.ALL, hooks)
+
+
 def agent_with(
     injected_retriever: Injected, reply: Callable[[str], str] | None
-) -> tuple[Agent, Recorder | None]:
+) -> tuple[Scoped, Recorder | None]:
     settings, retriever = injected_retriever
     rec = Recorder(reply) if reply is not None else None
     agent = build_agent(settings, retriever, rec.llm if rec else None, support=LexicalSupport())
-    return agent, rec
+    return Scoped(agent), rec
 
 
 def number_of(user_prompt: str, title: str) -> int:
@@ -441,3 +459,12 @@ def test_titles_and_section_names_get_the_injection_filter(tmp_path: Path) -> No
     assert "Tokenizing Finnish News. — Data Forged Header." in [t for _, t in headers], headers
     context_event = next(e for e in answer.events if e.node == "context")
     assert context_event.counts["instructions_removed"] >= 2
+
+
+def test_a_literature_answer_never_quotes_an_injected_instruction(injected_retriever: Injected) -> None:
+    agent, _ = agent_with(injected_retriever, None)
+    a = agent.agent.run(QUESTION)  # unscoped: an open question, answered paper by paper
+    assert a.form == "literature" and not a.abstained
+    for bad in ("PWNED", "ignore previous", "system prompt", "[7]", "[99]"):
+        assert bad not in a.text and all(bad not in p.point for p in a.papers), bad
+    valid_citations(a)

@@ -70,8 +70,22 @@ class Passage(BaseModel):
     text: str
 
 
+class RankedPaperOut(BaseModel):
+    rank: int = Field(description="1 = the paper with the most evidence for the question")
+    paper_id: str
+    title: str
+    arxiv_url: str | None
+    score: float = Field(
+        description="aggregated evidence of its abstract and passages; compare within one result"
+    )
+    best_passage: str = Field(description="the paper's passage that best matches the question")
+
+
 class SearchOut(BaseModel):
     query: str
+    papers: list[RankedPaperOut] = Field(
+        default_factory=list, description="for a question that names no paper: the papers ranked, best first"
+    )
     passages: list[Passage]
 
 
@@ -95,6 +109,14 @@ class PaperBrief(BaseModel):
     chunks: int = Field(description="passages of the paper in the index")
 
 
+class PaperUsed(BaseModel):
+    paper_id: str
+    title: str
+    arxiv_url: str | None
+    point: str = Field(description="what the paper says on the question, with its [n] marker")
+    group: str = Field(description="the approach (or part of the question) it is grouped under")
+
+
 class AskOut(BaseModel):
     question: str
     short_answer: str = Field(description="a phrase, a number, Yes/No, or 'not in the library'")
@@ -103,6 +125,9 @@ class AskOut(BaseModel):
     abstained: bool = Field(description="the library's passages did not hold the answer")
     missing: list[str] = Field(description="what the passages lacked (when abstained or partial)")
     closest_papers: list[PaperBrief] = Field(description="papers nearest the question (when abstained)")
+    papers: list[PaperUsed] = Field(
+        default_factory=list, description="a literature answer (an open question): the papers it draws on"
+    )
 
 
 class PaperOut(PaperBrief):
@@ -136,6 +161,17 @@ def _brief(row: PaperRow) -> PaperBrief:
 def _search_out(query: str, result: SearchResult) -> SearchOut:
     return SearchOut(
         query=query,
+        papers=[
+            RankedPaperOut(
+                rank=p.rank,
+                paper_id=p.paper_id,
+                title=p.title,
+                arxiv_url=arxiv_url(p.paper_id),
+                score=round(p.score, 6),
+                best_passage=p.passages[0].chunk.text if p.passages else "",
+            )
+            for p in result.papers
+        ],
         passages=[
             Passage(
                 rank=i,
@@ -190,6 +226,10 @@ def _ask_out(answer: Answer, lib: Library) -> AskOut:
         abstained=answer.abstained,
         missing=answer.missing,
         closest_papers=closest,
+        papers=[
+            PaperUsed(paper_id=p.paper_id, title=p.title, arxiv_url=p.url, point=p.point, group=p.group)
+            for p in answer.papers
+        ],
     )
 
 
@@ -225,7 +265,12 @@ def _where(title: str, section: str | None, url: str | None) -> str:
 def _search_text(out: SearchOut) -> str:
     if not out.passages:
         return f"No passages found for {out.query!r}."
-    lines = [f"{len(out.passages)} passages for {out.query!r}, best first:"]
+    lines = []
+    if out.papers:
+        lines.append(f"{len(out.papers)} papers for {out.query!r}, best first:")
+        lines += [f"{p.rank}. {p.paper_id}: {_where(p.title, None, p.arxiv_url)}" for p in out.papers]
+        lines.append("")
+    lines.append(f"{len(out.passages)} passages for {out.query!r}, best first:")
     for p in out.passages:
         lines.append(f"\n[{p.rank}] {p.paper_id}: {_where(p.title, p.section, p.arxiv_url)}  score {p.score}")
         lines.append(p.text)
@@ -240,6 +285,9 @@ def _ask_text(out: AskOut) -> str:
             lines.append(
                 f"[{s.n}] {s.paper_id}: {_where(s.title, s.section, s.arxiv_url)}  support {s.support}"
             )
+    if out.papers:
+        lines += ["", "Papers:"]
+        lines += [f"- {p.paper_id}: {_where(p.title, None, p.arxiv_url)} [{p.group}]" for p in out.papers]
     if out.abstained:
         lines += ["", "The library does not hold the answer (abstained)."]
     if out.missing:

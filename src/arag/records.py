@@ -147,6 +147,23 @@ class RankedChunk(ScoredChunk):
     found_by: list[str] = Field(default_factory=list, description="abstracts, passages, bm25")
 
 
+class RankedPaper(BaseModel):
+    """A paper ranked for a question that names none: its abstract's and its passages' evidence
+    aggregated, and its best passages (reranked) to answer from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    paper_id: str
+    title: str
+    rank: int = Field(description="1-based rank among the papers")
+    score: float = Field(description="the aggregated evidence score the papers are ordered by")
+    abstract_rank: int | None = Field(default=None, description="rank of its abstract in the abstract search")
+    passage_hits: int = Field(default=0, description="its chunks among the passage and BM25 candidates")
+    best_rerank: float | None = Field(default=None, description="the reranker's best score of its passages")
+    found_by: list[str] = Field(default_factory=list, description="abstracts, passages, bm25")
+    passages: list[RankedChunk] = Field(default_factory=list, description="its best chunks, best first")
+
+
 # --- the answering agent's records ---------------------------------------------------------------
 
 Route = Literal["research", "direct", "about"]
@@ -155,6 +172,9 @@ AnswerType = Literal["yes_no", "span", "free_form"]
 # How the answer was written: by the LLM, extractively (no LLM), directly (greetings, arithmetic),
 # from arag's own description, or an abstention.
 AnswerMode = Literal["llm", "extractive", "direct", "about", "abstain"]
+# answer: one question answered from its passages; literature: an open question answered across the
+# library, paper by paper (the papers' points grouped by approach, with an overview).
+AnswerForm = Literal["answer", "literature"]
 
 
 class NodeEvent(BaseModel):
@@ -190,6 +210,29 @@ class PaperHit(BaseModel):
     paper_id: str
     title: str
     score: float
+
+
+class PaperPoint(BaseModel):
+    """A paper a literature answer draws on: its point (a sentence of its passage [n]) and its group."""
+
+    model_config = ConfigDict(frozen=True)
+
+    n: int = Field(description="the context number of the passage the point is taken from")
+    paper_id: str
+    title: str
+    url: str | None = Field(default=None, description="the paper on arXiv, when it has an arXiv id")
+    point: str = Field(description="the paper's point, with its [n] marker")
+    group: str = Field(description="the label of the group it is in")
+
+
+class ApproachGroup(BaseModel):
+    """Papers of a literature answer that share an approach (or, for a compound question, one part)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    label: str
+    paper_ids: list[str]
+    text: str = Field(description="the group's cited sentences, as in the answer's text")
 
 
 class UsedChunk(BaseModel):
@@ -241,3 +284,8 @@ class Answer(BaseModel):
     total_ms: float = 0.0
     llm_cached_calls: int = Field(default=0, description="LLM replies from the disk cache (times not real)")
     coverage: Coverage | None = Field(default=None, description="how much of the library was searched")
+    form: AnswerForm = "answer"
+    # A literature answer: its groups (the text holds the overview, then each group's sentences) and the
+    # papers it cites, with their points and arXiv links.
+    groups: list[ApproachGroup] = Field(default_factory=list)
+    papers: list[PaperPoint] = Field(default_factory=list)

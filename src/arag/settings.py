@@ -124,6 +124,18 @@ class RetrievalSettings(BaseModel):
     strategy: Literal["plain", "multi-query", "hyde"] = "plain"
     # multi-query: rewrites asked for (the question itself is always searched too).
     variants: int = 3
+    # A question that names no paper also ranks papers (retrieval/papers.py): wider searches than the
+    # passage lists above (an open question's papers sit deeper than one paper's best passage), their
+    # hits aggregated per paper, the top papers kept, each with its best passages reranked.
+    paper_ranking: bool = True
+    paper_abstract_k: int = 40
+    paper_passage_k: int = 80
+    paper_bm25_k: int = 80
+    papers_k: int = 10
+    # Hits of one paper that count towards its score (each worth half the one before), and the best
+    # of its chunks that are reranked and kept for it.
+    paper_hits: int = 3
+    passages_per_paper: int = 2
 
 
 class RerankSettings(BaseModel):
@@ -254,6 +266,17 @@ class AgentSettings(BaseModel):
     override_false_abstain: bool = True
     closest_papers: int = 3
     concurrent: bool = True
+    # An open question (it names no paper): at most this many papers in its literature answer, and an
+    # LLM overview of their points (two or three cited sentences) above the grouped points. The
+    # overview is the answer's one generation: ~300 prompt tokens (six points, 25 words each) and at
+    # most 90 generated, ~11 s with the local 1.5B on 2 idle cores.
+    literature_papers: int = 8
+    # A paper's aggregated evidence must be at least this share of the best paper's to be cited.
+    literature_min_score: float = 0.45
+    # Passages of each paper numbered in its context (its point is drawn from one of them).
+    literature_passages: int = 3
+    literature_overview: bool = True
+    overview_tokens: int = 90
 
 
 class ChatSettings(BaseModel):

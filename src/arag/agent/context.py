@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from arag.agent.deps import AgentDeps
+from arag.agent.literature import literature_context
 from arag.agent.state import AgentState, ContextPassage, Evidence, Step
 from arag.agent.terms import (
     clean_label,
@@ -141,6 +142,15 @@ def make_context(deps: AgentDeps):
     """The context node."""
 
     def context(state: AgentState) -> Step:
+        if state.get("literature"):
+            grade = state.get("grade")
+            parts = grade.parts if grade is not None else []
+            lit = literature_context(
+                parts, list(state.get("evidence", [])), deps.settings.literature_passages
+            )
+            n_papers = len({p.chunk.paper_id for p in lit})
+            decision = f"{len(lit)} passages of {n_papers} papers (literature)"
+            return Step({"context": lit}, decision, {"passages": len(lit), "papers": n_papers})
         passages, counts = build_context(
             state["question"],
             list(state.get("sub_queries", [])),

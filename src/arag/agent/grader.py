@@ -5,17 +5,21 @@ prefix). With a capable LLM, a context the evidence accepts is also checked by t
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from arag.agent import prompts
 from arag.agent.answer_type import strip_lead
 from arag.agent.context import build_context, context_budget, format_passages
 from arag.agent.deps import AgentDeps, ask_json
+from arag.agent.literature import grade_literature
 from arag.agent.state import AgentState, Evidence, Grade, QueryOutcome, Step
-from arag.agent.terms import coverage, entities, has_entity, key_terms, term_words
+from arag.agent.terms import coverage, entities, has_entity, key_terms, strip_self_reference, term_words
 from arag.retrieval.resolve import PaperRef
 from arag.settings import AgentSettings
 from arag.text import tokenize
+
+_ARXIV_ID = re.compile(r"(?<![\d.])\d{4}\.\d{4,5}(?:v\d+)?(?!\d)")
 
 
 def passage_text(e: Evidence) -> str:
@@ -24,10 +28,11 @@ def passage_text(e: Evidence) -> str:
 
 
 def question_focus(question: str, resolved: PaperRef | None) -> str:
-    """The question without the paper it names: the title's words are not in the passages' text."""
+    """The question without the paper it names (the title's words are not in the passages' text) and
+    without words about the assistant itself ("in this library")."""
     if resolved is not None:
         question = resolved.remainder(question)
-    return strip_lead(question)
+    return strip_self_reference(strip_lead(question))
 
 
 def grade_evidence(
@@ -39,6 +44,17 @@ def grade_evidence(
     settings: AgentSettings,
 ) -> Grade:
     """The evidence-based verdict (a pure function): unrelated, partial or sufficient, with reasons."""
+    unknown = [m.group(0) for m in _ARXIV_ID.finditer(question)] if resolved is None else []
+    if unknown:
+        # The question names a paper by arXiv id and no search resolved it: the library lacks it, and
+        # other papers' passages do not answer a question about it.
+        return Grade(
+            verdict="unrelated",
+            reasons=[f"paper {', '.join(unknown)} is not in the library"],
+            coverage=0.0,
+            missing_entities=unknown,
+            empty_queries=list(plan),
+        )
     if not evidence:
         return Grade(
             verdict="unrelated",
@@ -110,6 +126,17 @@ def make_grader(deps: AgentDeps):
     def grader(state: AgentState) -> Step:
         question = state["question"]
         evidence = list(state.get("evidence", []))
+        if state.get("literature"):
+            grade = grade_literature(
+                list(state.get("plan", [question])),
+                list(state.get("rankings", [])),
+                evidence,
+                max_papers=deps.settings.literature_papers,
+                min_ratio=deps.settings.literature_min_score,
+            )
+            papers = len({pid for p in grade.parts for pid in p.paper_ids})
+            decision = f"{grade.verdict} (literature): " + "; ".join(grade.reasons)
+            return Step({"grade": grade}, decision, {"papers": papers, "passages": len(evidence)})
         grade = grade_evidence(
             question,
             list(state.get("plan", [question])),

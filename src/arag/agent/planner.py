@@ -11,9 +11,18 @@ from arag.agent import prompts
 from arag.agent.answer_type import LEAD, detect_answer_type
 from arag.agent.deps import AgentDeps, ask_json
 from arag.agent.state import AgentState, Step
-from arag.agent.terms import content_words, key_terms
+from arag.agent.terms import GENERIC, content_words, entities, key_terms, strip_self_reference
+from arag.text import tokenize
+
+_ARXIV_ID = re.compile(r"(?<![\d.])\d{4}\.\d{4,5}(?:v\d+)?(?![\d])")
 
 _COMPARE = (
+    # compare <what> for X and for Y: the repeated preposition marks where the parts split
+    re.compile(
+        r"^(?:please\s+)?(?:compare|contrast)\s+(?P<head>.+?)\s+(?P<prep>for|in|on|of|from|between|across)\s+"
+        r"(?P<x>.+?),?\s+(?:and|with|to|vs\.?|versus)\s+(?P=prep)\s+(?P<y>.+?)\s*[?.!]*$",
+        re.I,
+    ),
     # compare X and/with/to Y [on Z]
     re.compile(
         r"^(?:please\s+)?(?:compare|contrast)\s+(?P<x>.+?)\s+(?:and|with|to|vs\.?|versus)\s+(?P<y>.+?)"
@@ -102,6 +111,12 @@ def _compare_parts(body: str) -> list[str] | None:
         m = pattern.match(body)
         if m is None:
             continue
+        if "head" in m.groupdict():
+            head = f"{m.group('head')} {m.group('prep')}"
+            x, y = m.group("x").strip(" ,"), m.group("y").strip(" ,")
+            if key_terms(x) and key_terms(y):
+                return [f"{head} {x}", f"{head} {y}"]
+            continue
         aspect = (m.groupdict().get("aspect") or "").strip()
         x, y = m.group("x").strip(" ,"), m.group("y").strip(" ,")
         # "dense and sparse retrieval": the modifiers share the head noun.
@@ -118,7 +133,9 @@ def _clean(part: str) -> str:
 
 
 def plan_rules(question: str, max_sub_queries: int = 3) -> list[str]:
-    """The sub-queries of a question by rule: [question] when it is simple (a pure function)."""
+    """The sub-queries of a question by rule: [question] when it is simple (a pure function). Words
+    about the assistant itself ("the papers in this library") are left out."""
+    question = strip_self_reference(question)
     lead, body = split_lead(question)
     parts = [_clean(p) for p in _SENTENCE_SPLIT.split(body) if _clean(p)]
     # Only sentences that ask something count as questions of their own ("We know X. Do they Y?").
@@ -138,15 +155,69 @@ def plan_rules(question: str, max_sub_queries: int = 3) -> list[str]:
     return [f"{lead}{p}" for p in parts]
 
 
+def _words(text: str) -> set[str]:
+    """A text's content words as the planner compares them: stemmed terms and single letters ("X")."""
+    letters = {w.lower() for w in re.findall(r"\b[A-Za-z]\b", text)}
+    return (set(tokenize(text)) | letters) - GENERIC
+
+
+def invented(question: str, sub: str) -> bool:
+    """A sub-query that shares no content word with the question: a question the user did not ask
+    ("In which year was this research conducted?")."""
+    return not (_words(sub) & _words(question))
+
+
+def repair_ids(question: str, sub: str) -> str:
+    """``sub`` with every arXiv id of the question that it cut up ("1912" for "1912.01214") made whole
+    again; a question that names one paper by id has it carried into every sub-query."""
+    ids = list(dict.fromkeys(m.group(0) for m in _ARXIV_ID.finditer(question)))
+    for pid in ids:
+        if pid in sub:
+            continue
+        head, tail = pid.split(".", 1)
+        cut = re.compile(rf"(?<![\w.])(?:arxiv\s*:?\s*)?(?:{head}\.?\d{{0,5}}|{tail[:4]}\d*)(?![\w])", re.I)
+        if cut.search(sub):
+            sub = cut.sub(pid, sub, count=1)
+        elif len(ids) == 1:
+            sub = f"In {pid}: {sub}"
+    return sub
+
+
+def keep_names(question: str, subs: list[str]) -> list[str] | None:
+    """``subs`` with each quoted title and name of the question written as the question writes it
+    ("bert" -> "BERT"); None when one is in no sub-query (it was lost, or changed beyond case)."""
+    out = list(subs)
+    for name in entities(question):
+        pattern = re.compile(r"(?<![\w])" + re.escape(name) + r"(?![\w])", re.I)
+        if not any(pattern.search(s) for s in out):
+            return None
+        out = [pattern.sub(name.replace("\\", r"\\"), s) for s in out]
+    return out
+
+
+def protect(question: str, subs: list[str]) -> list[str] | None:
+    """Sub-queries that never damage the question: arXiv ids whole, names and quoted titles verbatim,
+    no invented sub-question, no words about the assistant; None when that leaves fewer than two."""
+    kept = [repair_ids(question, s) for s in subs if not invented(question, s)]
+    kept = [strip_self_reference(s) for s in kept]
+    if any(m.group(0) not in " ".join(kept) for m in _ARXIV_ID.finditer(question)):
+        return None
+    named = keep_names(question, kept)
+    if named is None:
+        return None
+    named = list(dict.fromkeys(named))
+    return named if len(named) >= 2 else None
+
+
 def validate_llm_plan(
     question: str, reply: dict[str, object] | None, max_sub_queries: int = 3
 ) -> list[str] | None:
     """The LLM's sub-queries when its reply is usable, else None. A paper named up front is carried into
-    every sub-query that does not name it."""
+    every sub-query that does not name it; ids, names and titles are kept whole (``protect``)."""
     if reply is None or reply.get("kind") not in ("simple", "compound"):
         return None
     if reply["kind"] == "simple":
-        return [question.strip()]
+        return [strip_self_reference(question.strip())]
     subs = reply.get("sub_queries")
     if not isinstance(subs, list):
         return None
@@ -157,7 +228,7 @@ def validate_llm_plan(
     lead, _ = split_lead(question)
     if lead:
         clean = [s if lead.strip(" :,;").lower() in s.lower() else f"{lead}{s}" for s in clean]
-    return clean
+    return protect(question, clean)
 
 
 def make_planner(deps: AgentDeps):

@@ -1,7 +1,10 @@
 """The reformulator: new sub-queries aimed at what the grader found missing, for the one retry.
 Rules: a planned sub-query with no evidence is searched again as its bare keywords; missing terms
 and names are searched together with the question's best-covered terms as an anchor. With an LLM
-(and ``reformulate_with_llm``) the model writes them, falling back to the rules on a bad reply."""
+(and ``reformulate_with_llm``) the model writes them, falling back to the rules on a bad reply.
+Either way, words about the assistant itself ("the papers in this library") are never searched, an
+arXiv id of the question is never cut up, and a query that shares no word with the question (a
+question the user did not ask) is dropped."""
 
 from __future__ import annotations
 
@@ -11,8 +14,9 @@ from arag.agent import prompts
 from arag.agent.answer_type import strip_lead
 from arag.agent.deps import AgentDeps, ask_json
 from arag.agent.grader import question_focus
+from arag.agent.planner import invented, repair_ids
 from arag.agent.state import AgentState, Grade, Step
-from arag.agent.terms import content_words, key_terms, safe_label
+from arag.agent.terms import content_words, drop_assistant_words, key_terms, safe_label, strip_self_reference
 from arag.retrieval.resolve import PaperRef
 
 # Words of the question kept beside the missing ones, so the new query stays on the question's topic.
@@ -20,7 +24,7 @@ ANCHOR_WORDS = 3
 
 
 def _keywords(text: str) -> str:
-    return " ".join(content_words(strip_lead(text)))
+    return " ".join(content_words(strip_self_reference(strip_lead(text))))
 
 
 def reformulate_rules(
@@ -31,7 +35,7 @@ def reformulate_rules(
     if resolved is not None:
         # Keep the retry inside the paper the question named.
         lead = f"In the paper '{safe_label(resolved.title)}': "
-    focus = question_focus(question, resolved)
+    focus = strip_self_reference(question_focus(question, resolved))
     done = {q.strip().lower() for q in searched}
     out: list[tuple[str, str]] = []
 
@@ -89,10 +93,13 @@ def make_reformulator(deps: AgentDeps):
             done = {q.strip().lower() for q in searched}
             if isinstance(queries, list):
                 fresh = [
-                    q.strip()
+                    repair_ids(question, drop_assistant_words(q.strip(), question))
                     for q in queries
-                    if isinstance(q, str) and key_terms(q) and q.strip().lower() not in done
+                    if isinstance(q, str)
+                    and key_terms(drop_assistant_words(q, question))
+                    and not invented(question, q)
                 ]
+                fresh = [q for q in fresh if q.lower() not in done]
                 fresh = list(dict.fromkeys(fresh))[: settings.max_sub_queries]
                 if fresh:
                     lead = f"In the paper '{safe_label(resolved.title)}': " if resolved is not None else ""

@@ -29,8 +29,8 @@ from arag.agent.support import SupportScorer
 from arag.agent.terms import GENERIC, key_terms, sentences, strip_citations, strip_placeholders, term_words
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.errors import AragError, Cancelled
-from arag.index.sparse import tokenize
 from arag.llm.base import LLM
+from arag.text import tokenize
 
 log = logging.getLogger(__name__)
 

@@ -3,13 +3,16 @@ chunks no earlier query kept (deduplicated by chunk id), plus the papers closest
 
 from __future__ import annotations
 
+import re
+
 from arag.agent.answer_type import strip_lead
 from arag.agent.deps import AgentDeps
-from arag.agent.state import AgentState, Evidence, QueryOutcome, Step
+from arag.agent.state import AgentState, Evidence, QueryOutcome, QueryPapers, Step
 from arag.agent.terms import key_terms
-from arag.records import PaperHit, RankedChunk, SearchFilter
+from arag.records import PaperHit, RankedChunk, RankedPaper, SearchFilter
 from arag.retrieval.pipeline import SearchResult
 
+NAMES_ID = re.compile(r"(?<![\d.])\d{4}\.\d{4,5}(?:v\d+)?(?!\d)")
 # Ranked candidates per sub-query that count towards the closest papers.
 CLOSEST_DEPTH = 10
 
@@ -41,6 +44,41 @@ def with_abstract(kept: list[RankedChunk], candidates: list[RankedChunk]) -> lis
     return [abstract, *kept]
 
 
+def papers_of(result: SearchResult) -> list[RankedPaper]:
+    """A result's ranked papers; for a search scoped to a paper (which ranks none), the papers of its
+    kept chunks, in order, so every part of an open question has papers to answer from."""
+    if result.papers:
+        return list(result.papers)
+    by_paper: dict[str, list[RankedChunk]] = {}
+    for c in result.kept:
+        by_paper.setdefault(c.chunk.paper_id, []).append(c)
+    return [
+        RankedPaper(
+            paper_id=pid,
+            title=chunks[0].chunk.title,
+            rank=i,
+            score=chunks[0].score,
+            passage_hits=len(chunks),
+            best_rerank=chunks[0].rerank_score,
+            passages=chunks,
+        )
+        for i, (pid, chunks) in enumerate(by_paper.items(), start=1)
+    ]
+
+
+def is_literature(state: AgentState, results: list[SearchResult]) -> bool:
+    """Whether the question is answered across papers: it named no paper (the first pass ranked papers
+    for it) and is not a yes/no question about one. Decided on the first pass, kept on the retry."""
+    if state.get("passes", 0) > 0:
+        return bool(state.get("literature", False))
+    flt = state.get("flt")
+    if flt is not None and flt.paper_ids is not None:
+        return False
+    if NAMES_ID.search(state.get("question", "")):
+        return False  # it names a paper by id, one the library lacks: not a question about many
+    return state.get("answer_type") != "yes_no" and any(r.papers for r in results)
+
+
 def make_retriever(deps: AgentDeps):
     """The retriever node."""
     settings = deps.settings
@@ -60,6 +98,15 @@ def make_retriever(deps: AgentDeps):
                     only = SearchFilter(paper_ids=[resolved.paper_id], types=["abstract"])
                     candidates = deps.retriever.search_many([resolved.title], only)[0].ranked
                 kept_lists[i] = with_abstract(kept_lists[i], candidates)
+        literature = is_literature(state, results)
+        rankings: list[QueryPapers] = []
+        if literature:
+            # Each paper's best passages are the evidence (an open question's papers rarely clear bars
+            # calibrated on one-paper questions; the grader decides which papers address it).
+            for i, (query, target, r) in enumerate(zip(queries, targets, results, strict=True)):
+                papers = papers_of(r)
+                rankings.append(QueryPapers(query=query, target=target, pass_index=pass_index, papers=papers))
+                kept_lists[i] = [c for p in papers for c in p.passages]
         seen = {e.chunk.id for e in state.get("evidence", [])}
         evidence: list[Evidence] = []
         outcomes: list[QueryOutcome] = []
@@ -100,6 +147,8 @@ def make_retriever(deps: AgentDeps):
             "pending_targets": [],
             "resolved": resolved if resolved is not None else state.get("resolved"),
             "closest": closest_papers(results, state.get("closest", []), settings.closest_papers),
+            "literature": literature,
+            "rankings": rankings,
         }
         kept = sum(o.kept for o in outcomes)
         empty = sum(o.kept == 0 for o in outcomes)
@@ -109,6 +158,9 @@ def make_retriever(deps: AgentDeps):
             decision += f", {empty} with no evidence"
         if resolved is not None:
             decision += f"; scoped to {resolved.paper_id}"
+        if literature:
+            ranked = len({p.paper_id for r in rankings for p in r.papers})
+            decision += f"; {ranked} papers ranked"
         # Summed over sub-queries (which run concurrently, so the sum can exceed the node's time).
         hybrid_ms = sum(r.timings.get("search", 0.0) for r in results)
         rerank_ms = sum(r.timings.get("rerank", 0.0) for r in results)

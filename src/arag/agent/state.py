@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from arag.records import Answer, AnswerType, Chunk, NodeEvent, PaperHit, Route, SearchFilter
+from arag.records import Answer, AnswerType, Chunk, NodeEvent, PaperHit, RankedPaper, Route, SearchFilter
 from arag.retrieval.resolve import PaperRef
 
 Verdict = Literal["sufficient", "partial", "unrelated"]
@@ -46,6 +46,26 @@ class QueryOutcome(BaseModel):
     best_score: float | None = None
 
 
+class QueryPapers(BaseModel):
+    """One sub-query's paper ranking (an open question: it named no paper)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    query: str
+    target: str
+    pass_index: int
+    papers: list[RankedPaper]
+
+
+class PaperPart(BaseModel):
+    """The papers that address one part (planned sub-query) of an open question, best first."""
+
+    model_config = ConfigDict(frozen=True)
+
+    target: str
+    paper_ids: list[str] = Field(default_factory=list)
+
+
 class Grade(BaseModel):
     """The grader's verdict on the accumulated context, and why."""
 
@@ -56,6 +76,8 @@ class Grade(BaseModel):
     missing_entities: list[str] = Field(default_factory=list)
     empty_queries: list[str] = Field(default_factory=list, description="planned sub-queries with no evidence")
     llm_checked: bool = False
+    # A literature answer: the papers that address each part of the question.
+    parts: list[PaperPart] = Field(default_factory=list)
 
     @property
     def missing(self) -> list[str]:
@@ -92,6 +114,10 @@ class Draft(BaseModel):
     mode: Literal["llm", "extractive", "abstain"]
     removed_citations: int = 0
     notes: list[str] = Field(default_factory=list)
+    # A literature answer: the LLM's overview (cited sentences, unchecked) and each group's points,
+    # as (label, [(passage number, sentence)]); the verifier checks both and writes the text.
+    overview: str = ""
+    groups: list[tuple[str, list[tuple[int, str]]]] = Field(default_factory=list)
 
 
 class AgentState(TypedDict, total=False):
@@ -108,6 +134,9 @@ class AgentState(TypedDict, total=False):
     sub_queries: Annotated[list[str], operator.add]
     outcomes: Annotated[list[QueryOutcome], operator.add]
     evidence: Annotated[list[Evidence], operator.add]
+    # An open question (no paper named or chosen): answered across papers, from their rankings.
+    literature: bool
+    rankings: Annotated[list[QueryPapers], operator.add]
     events: Annotated[list[NodeEvent], operator.add]
     passes: int
     retries: int

@@ -19,6 +19,7 @@ from arag.agent.answer_type import (
 from arag.agent.context import format_passages
 from arag.agent.deps import AgentDeps, ask
 from arag.agent.hooks import current_hooks
+from arag.agent.literature import format_points, literature_groups, literature_short_answer
 from arag.agent.state import AgentState, ContextPassage, Draft, Grade, Step
 from arag.agent.terms import (
     clean_citations,
@@ -200,19 +201,22 @@ def check_llm_draft(
     )
 
 
-def _generate(deps: AgentDeps, user: str) -> str:
-    """The LLM's reply to the synthesis prompt; streamed piece by piece to the run's ``on_token``
+def generate(
+    deps: AgentDeps, user: str, system: str = prompts.SYNTH_SYSTEM, max_tokens: int | None = None
+) -> str:
+    """The LLM's reply to a synthesis prompt; streamed piece by piece to the run's ``on_token``
     when it listens (the service), checking for cancellation between pieces."""
     assert deps.llm is not None
+    max_tokens = max_tokens or deps.max_answer_tokens
     hooks = current_hooks()
     if hooks is None or hooks.on_token is None:
-        return ask(deps.llm, prompts.SYNTH_SYSTEM, user, max_tokens=deps.max_answer_tokens)
+        return ask(deps.llm, system, user, max_tokens=max_tokens)
     messages = [
-        ChatMessage(role="system", content=prompts.SYNTH_SYSTEM),
+        ChatMessage(role="system", content=system),
         ChatMessage(role="user", content=user),
     ]
     pieces: list[str] = []
-    stream = deps.llm.stream(messages, max_tokens=deps.max_answer_tokens)
+    stream = deps.llm.stream(messages, max_tokens=max_tokens)
     try:
         for piece in stream:
             hooks.check("synthesizer")
@@ -223,6 +227,41 @@ def _generate(deps: AgentDeps, user: str) -> str:
         if close is not None:
             close()  # releases the model's lock when the run stopped early
     return "".join(pieces)
+
+
+def literature_draft(deps: AgentDeps, question: str, grade: Grade, passages: list[ContextPassage]) -> Draft:
+    """An open question's draft: each addressing paper's point, grouped, and (with an LLM) an overview
+    of the points, cited by their numbers. The LLM failing costs only the overview."""
+    groups = literature_groups(question, grade.parts, passages)
+    points = [p for _, pts in groups for p in pts]
+    if not points:
+        return abstain_draft("no sentence of the papers' passages states a point")
+    overview, notes, mode = "", [], "extractive"
+    if deps.llm is not None and deps.settings.literature_overview and len(points) >= 2:
+        user = prompts.OVERVIEW_USER.format(points=format_points(points), question=question)
+        try:
+            raw = generate(deps, user, prompts.OVERVIEW_SYSTEM, deps.settings.overview_tokens)
+        except Cancelled:
+            raise
+        except AragError as exc:
+            log.warning("overview LLM failed, points only: %s", exc)
+            notes.append(f"LLM failed ({exc.what}); points only")
+        else:
+            text = re.sub(r"^\W*overview\W*[:\-–]\s*", "", raw.strip(), flags=re.I)
+            overview, removed = clean_citations(strip_placeholders(text), {p.n for p in points})
+            overview = " ".join(overview.split())
+            mode = "llm" if overview else "extractive"
+            if removed:
+                notes.append(f"removed {removed} invalid citation(s)")
+    n_papers = len({p.paper_id for p in points})
+    return Draft(
+        short_answer=literature_short_answer(groups, n_papers),
+        explanation=overview,
+        mode=mode,  # type: ignore[arg-type]
+        notes=notes,
+        overview=overview,
+        groups=[(label, [(p.n, p.sentence) for p in pts]) for label, pts in groups],
+    )
 
 
 def make_synthesizer(deps: AgentDeps):
@@ -238,6 +277,13 @@ def make_synthesizer(deps: AgentDeps):
         if grade.verdict == "unrelated" or not passages:
             draft = abstain_draft("; ".join(grade.reasons) or "no passages")
             return Step({"draft": draft}, f"abstain: {draft.notes[0]}", counts)
+        if state.get("literature"):
+            draft = literature_draft(deps, question, grade, passages)
+            counts["papers"] = len({n for _, pts in draft.groups for n, _ in pts})
+            decision = f"literature ({draft.mode}): {len(draft.groups)} groups; {draft.short_answer}"
+            if draft.notes:
+                decision += "; " + "; ".join(draft.notes)
+            return Step({"draft": draft}, decision, counts)
         if deps.llm is None:
             draft = extractive_draft(question, answer_type, passages, settings.extractive_sentences)
             how = "extractive"
@@ -249,7 +295,7 @@ def make_synthesizer(deps: AgentDeps):
                 short_form=prompts.SYNTH_SHORT_FORMS[answer_type],
             )
             try:
-                raw = _generate(deps, user)
+                raw = generate(deps, user)
             except (Cancelled, ModelUnavailable):
                 # A model process that died fails this answer: an extractive one in its place would
                 # be another answer than the one asked for.

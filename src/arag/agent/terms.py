@@ -193,3 +193,40 @@ def clean_label(label: str) -> tuple[str, int]:
 def safe_label(label: str) -> str:
     """:func:`clean_label` without the count."""
     return clean_label(label)[0]
+
+
+# Words about the assistant itself ("the papers in this library", "what the library says about"):
+# searched as terms they match nothing useful ("common library detect fake news"), and no passage
+# holds them. "the NLTK library" names software and is left alone.
+# "the collection of COVID-19 literature" and "a library of templates" are research, not the assistant.
+_LIB = r"(?:this|the|your|our|my|arag's|arag)\s+library(?:'s)?(?!\s+of\b)"
+_SELF_PATTERNS = (
+    re.compile(
+        rf"\bwhat\s+{_LIB}\s+(?:says|say|contains|has|holds|knows|covers)\s+(?:about|on|regarding)\s+", re.I
+    ),
+    re.compile(rf"\b(?:the\s+)?(papers|articles|works|authors)\s+(?:in|of|from)\s+{_LIB}", re.I),
+    re.compile(rf"\s*\b(?:in|of|from|across|within|throughout)\s+{_LIB}", re.I),
+    re.compile(r"\barag\b\s*", re.I),
+)
+
+
+def strip_self_reference(text: str) -> str:
+    """``text`` without words about the assistant or its library; unchanged when it has none. A bare
+    "this library" stays: in "Is this library implemented in Torch?" it is the paper's software."""
+    out = text
+    for i, pattern in enumerate(_SELF_PATTERNS):
+        out = pattern.sub(r"\1" if i == 1 else "", out)
+    if out == text:
+        return text
+    out = re.sub(r"\s+([?.!,;:])", r"\1", re.sub(r"\s{2,}", " ", out)).strip()
+    return out or text
+
+
+def drop_assistant_words(query: str, question: str) -> str:
+    """A search query without words about the assistant: its self-references, and the bare words
+    "library" and "arag" when the question used them of the assistant ("common library detect fake
+    news" from "the papers in this library")."""
+    out = strip_self_reference(query)
+    if strip_self_reference(question) != question:
+        out = re.sub(r"\s{2,}", " ", re.sub(r"\b(?:library|arag)\b", " ", out, flags=re.I)).strip()
+    return out or query

@@ -11,11 +11,13 @@ from typing import Any
 
 from arag.agent import prompts
 from arag.agent.deps import AgentDeps
+from arag.agent.literature import literature_short_answer
 from arag.agent.state import AgentState, ContextPassage, Draft, Grade, Step
 from arag.agent.support import SupportScorer
 from arag.agent.synthesizer import with_marker
 from arag.agent.terms import cited_numbers, coverage, key_terms, sentences, strip_citations
-from arag.records import Answer, AnswerType, Citation, PaperHit, UsedChunk
+from arag.corpus.arxiv_ids import arxiv_url
+from arag.records import Answer, AnswerType, ApproachGroup, Citation, PaperHit, PaperPoint, UsedChunk
 from arag.text import tokenize
 
 UNSUPPORTED_MARK = " (not supported by the cited passages)"
@@ -108,6 +110,134 @@ def verify_claims(
     return result
 
 
+@dataclass
+class VerifiedLiterature:
+    """A literature draft checked: the overview's surviving claims, the supported points by group,
+    and the support of each cited passage."""
+
+    overview: str
+    groups: list[tuple[str, list[tuple[int, str]]]]
+    support: dict[int, float] = field(default_factory=dict)
+    claims: int = 0
+    supported: int = 0
+    dropped: int = 0
+
+
+def verify_literature(
+    draft: Draft, passages: list[ContextPassage], scorer: SupportScorer
+) -> VerifiedLiterature:
+    """Check a literature draft (a pure function of its inputs): the overview claim by claim, like any
+    answer (unsupported claims dropped), and each paper's point against the passage it was drawn
+    from (a point that its passage does not support is dropped)."""
+    by_n = {p.n: p for p in passages}
+    out = VerifiedLiterature(overview="", groups=[])
+    if draft.overview:
+        v = verify_claims(
+            draft.model_copy(update={"explanation": draft.overview}),
+            passages,
+            scorer,
+            "free_form",
+            mark=False,
+        )
+        # A "sentence" of markers or connectives alone says nothing: an overview keeps only claims.
+        said = [c for c in split_claims(v.explanation) if key_terms(strip_citations(c))]
+        out.overview, out.support = " ".join(said), dict(v.support)
+        out.claims, out.supported, out.dropped = v.claims, v.supported, v.dropped
+    for label, points in draft.groups:
+        kept: list[tuple[int, str]] = []
+        for n, sentence in points:
+            if n not in by_n:
+                out.dropped += 1
+                continue
+            score = scorer.score(sentence, by_n[n].full_text)
+            out.claims += 1
+            if score >= scorer.threshold:
+                out.supported += 1
+                out.support[n] = max(out.support.get(n, 0.0), score)
+                kept.append((n, sentence))
+            else:
+                out.dropped += 1
+        if kept:
+            out.groups.append((label, kept))
+    return out
+
+
+def literature_answer(
+    draft: Draft,
+    passages: list[ContextPassage],
+    scorer: SupportScorer,
+    base: dict[str, Any],
+    missing: list[str],
+) -> tuple[Answer, VerifiedLiterature]:
+    """The Answer of a checked literature draft: the overview, then each group's points (every sentence
+    cited), the groups, the papers with their points and arXiv links, the citations; an abstention
+    when no point survived."""
+    v = verify_literature(draft, passages, scorer)
+    by_n = {p.n: p for p in passages}
+    if not v.groups:
+        answer = Answer(
+            short_answer=prompts.NOT_IN_LIBRARY,
+            text=abstain_text(base["closest"]),
+            abstained=True,
+            mode="abstain",
+            missing=missing,
+            dropped_claims=v.dropped,
+            **base,
+        )
+        return answer, v
+    groups: list[ApproachGroup] = []
+    papers: list[PaperPoint] = []
+    paragraphs = [v.overview] if v.overview else []
+    for label, points in v.groups:
+        text = " ".join(with_marker(sentence, n) for n, sentence in points)
+        paragraphs.append(text)
+        pids = list(dict.fromkeys(by_n[n].chunk.paper_id for n, _ in points))
+        groups.append(ApproachGroup(label=label, paper_ids=pids, text=text))
+        for n, sentence in points:
+            chunk = by_n[n].chunk
+            if any(p.paper_id == chunk.paper_id for p in papers):
+                continue
+            papers.append(
+                PaperPoint(
+                    n=n,
+                    paper_id=chunk.paper_id,
+                    title=chunk.title,
+                    url=arxiv_url(chunk.paper_id),
+                    point=with_marker(sentence, n),
+                    group=label,
+                )
+            )
+    text = "\n\n".join(paragraphs)
+    if missing:
+        text += "\n\nNot found in the library's passages: " + ", ".join(missing) + "."
+    citations = [
+        Citation(
+            n=n,
+            chunk_id=by_n[n].chunk.id,
+            paper_id=by_n[n].chunk.paper_id,
+            title=by_n[n].chunk.title,
+            section=by_n[n].chunk.section,
+            support=round(v.support.get(n, 0.0), 4),
+            supported=v.support.get(n, 0.0) >= scorer.threshold,
+        )
+        for n in cited_numbers(text)
+        if n in by_n
+    ]
+    short = literature_short_answer([(g.label, g.paper_ids) for g in groups], len(papers))
+    answer = Answer(
+        short_answer=short,
+        text=text,
+        citations=citations,
+        mode=draft.mode,
+        missing=missing,
+        dropped_claims=v.dropped,
+        groups=groups,
+        papers=papers,
+        **base,
+    )
+    return answer, v
+
+
 def abstain_text(closest: list[PaperHit]) -> str:
     """The abstention and the papers nearest the question."""
     text = prompts.ABSTAIN
@@ -160,6 +290,7 @@ def make_verifier(deps: AgentDeps):
             "chunks": chunks,
             "closest": closest,
             "removed_citations": draft.removed_citations,
+            "form": "literature" if state.get("literature") else "answer",
         }
         missing = missing_note(grade) if grade.verdict != "sufficient" else []
         if draft.mode == "abstain":
@@ -172,6 +303,18 @@ def make_verifier(deps: AgentDeps):
                 **base,
             )
             return Step({"answer": answer}, f"abstain ({'; '.join(draft.notes)})", {"claims": 0})
+        if state.get("literature"):
+            lit, vl = literature_answer(draft, passages, deps.support, base, missing)
+            lit_counts: dict[str, float] = {
+                "claims": vl.claims,
+                "supported": vl.supported,
+                "dropped": vl.dropped,
+            }
+            if lit.abstained:
+                why = "abstain: no paper's point is supported by its passage"
+                return Step({"answer": lit}, why, lit_counts)
+            decision = f"{vl.supported}/{vl.claims} claims supported; {len(lit.papers)} papers"
+            return Step({"answer": lit}, f"{decision} in {len(lit.groups)} groups", lit_counts)
         v = verify_claims(draft, passages, deps.support, answer_type, mark=settings.unsupported == "mark")
         counts: dict[str, float] = {"claims": v.claims, "supported": v.supported, "dropped": v.dropped}
         if not v.core_supported:

@@ -137,6 +137,8 @@ def print_answer(a: Answer) -> None:
                     highlight=False,
                     soft_wrap=True,
                 )
+    elif a.form == "literature" and a.groups:
+        print_literature(a)
     else:
         if a.short_answer:
             console.print(f"[bold]{escape(a.short_answer)}[/]", highlight=False, soft_wrap=True)
@@ -160,6 +162,33 @@ def print_answer(a: Answer) -> None:
     if a.llm_cached_calls:
         took += f" ({a.llm_cached_calls} LLM replies from the cache)"
     console.print(f"[dim]{a.route} · {a.mode}{extra} · {took}[/]", highlight=False)
+
+
+def print_literature(a: Answer) -> None:
+    """A literature answer: the overview, each group's cited points under its label, then the papers
+    with their arXiv links."""
+    console.print(f"[bold]{escape(a.short_answer)}[/]", highlight=False, soft_wrap=True)
+    group_texts = {g.text for g in a.groups}
+    for para in a.text.split("\n\n"):
+        if para and para not in group_texts:
+            console.print(escape(para), highlight=False, soft_wrap=True)
+            console.print()
+    for g in a.groups:
+        if len(a.groups) > 1:  # one group needs no label
+            console.print(f"[bold cyan]{escape(g.label)}[/]", highlight=False, soft_wrap=True)
+        console.print(escape(g.text), highlight=False, soft_wrap=True)
+        console.print()
+    # The papers drawn on, each by the [n] of its point (the sources of the answer), with its link.
+    console.print("[bold]Sources[/] (the papers, by their points)")
+    support = {c.n: c for c in a.citations}
+    for n in sorted(support):
+        c = support[n]
+        paper = next((p for p in a.papers if p.n == n), None)
+        parts = [escape(c.title), arxiv_url(c.paper_id) or c.paper_id]
+        if paper is not None:
+            parts.append(escape(paper.group))
+        parts.append(f"support {c.support:.2f}" + ("" if c.supported else " [yellow](unsupported)[/]"))
+        console.print(f"  [bold][{n}][/] " + " · ".join(parts), highlight=False, soft_wrap=True)
 
 
 @handle_errors

@@ -12,7 +12,7 @@ from rich.table import Table
 from arag.cli.common import build_progress, console, handle_errors, load_settings
 from arag.cli.eval_answers import register as register_answers
 from arag.errors import InputError
-from arag.records import ScoredChunk, SearchFilter
+from arag.records import Answer, ScoredChunk, SearchFilter
 from arag.settings import Settings
 
 if TYPE_CHECKING:
@@ -217,6 +217,114 @@ def eval_anchors(
         json_out.write_text(
             json.dumps({"top": top, "papers": len(rows), "recall": rate, "misses": misses}, indent=2)
         )
+
+
+OPEN_ROWS = (
+    ("search_p10", "paper precision@10, search"),
+    ("bm25_p10", "paper precision@10, BM25 title+abstract"),
+    ("search_r10", "paper recall@10, search"),
+    ("bm25_r10", "paper recall@10, BM25 title+abstract"),
+    ("search_rprec", "paper R-precision (at min(gold, 10)), search"),
+    ("bm25_rprec", "paper R-precision (at min(gold, 10)), BM25"),
+    ("answered_covered", "answered (covered questions)"),
+    ("answered_topic3", "answered (topic has >= 3 papers)"),
+    ("cites3_of_answers", "answers citing >= 3 papers"),
+    ("distinct_papers_cited", "distinct papers cited per answer"),
+    ("support_rate", "claim support rate"),
+    ("cited_precision", "cited papers: precision"),
+    ("bm25_at_cited_precision", "BM25 at as many papers: precision"),
+    ("cited_recall", "cited papers: recall"),
+    ("declined_off_library", "declined (off-library)"),
+    ("seconds_p50", "answer p50 seconds (uncached)"),
+)
+
+
+@eval_app.command("open")
+@handle_errors
+def eval_open(
+    questions: Annotated[
+        Path | None, typer.Option(help="Open questions JSON (default: the packaged set).")
+    ] = None,
+    answers: Annotated[
+        bool, typer.Option("--answers/--no-answers", help="Also answer each question with the agent.")
+    ] = False,
+    limit: Annotated[int | None, typer.Option(help="Only the first N questions.")] = None,
+    llm: Annotated[
+        str | None, typer.Option("--llm", help="The LLM for --answers: llama-cpp, openai or extractive.")
+    ] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the figures and rows as JSON.")
+    ] = None,
+) -> None:
+    """Open questions (naming no paper): paper precision@10 and recall@10 of the paper ranking against
+    BM25 over titles and abstracts, in the same run; with --answers, how often the agent answers
+    covered questions, how many papers it cites, their precision and recall, claim support, the
+    decline rate on off-library questions and the answer latency."""
+    import json
+    import time
+
+    from arag.agent import build_agent
+    from arag.agent.support import LexicalSupport
+    from arag.eval.open import TitleAbstractBM25, default_open_path, evaluate_open, load_open_questions
+    from arag.library.manage import list_papers, open_retrieval
+
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit must be at least 1, got {limit}", where="--limit", fix="pass N >= 1")
+    overrides = {"llm": {"provider": llm}} if llm else {}
+    if llm is not None and llm not in ("llama-cpp", "openai", "extractive"):
+        raise InputError(
+            f"unknown LLM provider {llm!r}", where="--llm", fix="use llama-cpp, openai or extractive"
+        )
+    settings = load_settings(**overrides)
+    qs = load_open_questions(questions or default_open_path())[:limit]
+    rows = list_papers(settings)
+    baseline = TitleAbstractBM25([(r.id, f"{r.title} {r.abstract_text}") for r in rows])
+    model = None
+    if answers and settings.llm.provider != "extractive":
+        model = _make_llm(settings)
+    with open_retrieval(settings, llm=model) as retrieval:
+        retriever = retrieval.retriever
+        agent = build_agent(settings, retriever, model) if answers else None
+
+        def rank(q: str) -> list[str]:
+            return [p.paper_id for p in retriever.search(q).papers]
+
+        def ask(q: str) -> tuple[Answer, float]:
+            assert agent is not None
+            t0 = time.perf_counter()
+            a = agent.run(q)
+            return a, time.perf_counter() - t0
+
+        with build_progress("open questions", unit="questions") as bar:
+            bar.start(len(qs))
+            report = evaluate_open(
+                qs,
+                {r.id for r in rows},
+                rank,
+                baseline,
+                ask=ask if answers else None,
+                scorer=LexicalSupport(settings.agent.support_threshold),
+                progress=bar.advance,
+            )
+    console.print(
+        f"{report.covered} covered questions, {report.off_library} off-library"
+        + (f", {len(report.skipped)} skipped (gold papers not in the library)" if report.skipped else "")
+        + "; mean [95% CI]",
+        highlight=False,
+    )
+    table = Table("figure", "value", "n")
+    for key, label in OPEN_ROWS:
+        f = report.figures.get(key)
+        if f is None or f.mean is None:
+            continue
+        ci = f" [{f.lo:.3f}, {f.hi:.3f}]" if f.lo is not None and key != "seconds_p50" else ""
+        table.add_row(label, f"{f.mean:.3f}{ci}", str(f.n))
+    sp, bp = report.figures["search_p10"].mean, report.figures["bm25_p10"].mean
+    console.print(table)
+    if sp is not None and bp:
+        console.print(f"precision@10: search / BM25 = {sp / bp:.2f}x", highlight=False)
+    if json_out:
+        json_out.write_text(json.dumps(report.model_dump(), indent=2))
 
 
 register_answers(eval_app)

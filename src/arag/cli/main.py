@@ -331,7 +331,13 @@ def search_cmd(
         result = retrieval.reranking(llm=llm).search(query, flt)
     hits = result.ranked[:limit]
     if as_json:
-        print(json.dumps([h.model_dump() for h in hits], indent=2))
+        out = {
+            "query": query,
+            "resolved_paper": result.hybrid.resolved.paper_id if result.hybrid.resolved else None,
+            "papers": [p.model_dump() for p in result.papers],
+            "hits": [h.model_dump() for h in hits],
+        }
+        print(json.dumps(out, indent=2))
         return
     hyb = result.hybrid
     if hyb.resolved is not None:
@@ -347,6 +353,8 @@ def search_cmd(
         elif result.expansion_note:
             console.print(f"{settings.retrieval.strategy}: {result.expansion_note}", soft_wrap=True)
         _explain_stages(result)
+    if result.papers:
+        _print_papers(result)
     kept = {c.chunk.id for c in result.kept}
     for i, h in enumerate(hits, 1):
         c = h.chunk
@@ -365,6 +373,26 @@ def search_cmd(
         f"search {result.timings['search']:.0f} ms, rerank {result.timings['rerank']:.0f} ms[/]",
         highlight=False,
     )
+
+
+def _print_papers(result: SearchResult) -> None:
+    """The paper ranking of a question that names no paper: each paper's aggregated evidence."""
+    console.print(
+        "[bold]papers[/] (the question names none: ranked by their abstracts' and passages' evidence)"
+    )
+    table = Table("#", "paper", "score", "abstract", "hits", "rerank", "title", box=None, pad_edge=False)
+    for p in result.papers:
+        table.add_row(
+            str(p.rank),
+            p.paper_id,
+            f"{p.score:.4f}",
+            f"#{p.abstract_rank}" if p.abstract_rank else "-",
+            str(p.passage_hits),
+            f"{p.best_rerank:.2f}" if p.best_rerank is not None else "-",
+            escape(p.title),
+        )
+    console.print(table)
+    console.print()
 
 
 def _explain_stages(result: SearchResult) -> None:

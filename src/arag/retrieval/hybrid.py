@@ -15,6 +15,7 @@ from arag.index.store import Store
 from arag.models.embedder import BaseEmbedder
 from arag.records import ChunkType, ScoredChunk, SearchFilter
 from arag.retrieval.fusion import fuse_chunks
+from arag.retrieval.papers import PaperPool
 from arag.retrieval.resolve import PaperRef, PaperResolver
 from arag.settings import RetrievalSettings
 
@@ -30,6 +31,9 @@ class HybridResult(BaseModel):
     dense_abstracts: list[ScoredChunk]
     dense_passages: list[ScoredChunk]
     bm25: list[ScoredChunk]
+    # The wide searches a paper ranking aggregates: only for a question that names no paper (and is
+    # not restricted to papers), with paper ranking on.
+    pool: PaperPool | None = None
 
 
 def _with_types(flt: SearchFilter | None, types: list[ChunkType]) -> SearchFilter | None:
@@ -127,6 +131,20 @@ class HybridRetriever:
         # A query of stopwords alone has no BM25 terms; dense search still answers it.
         bm25 = self.store.sparse_search(terms, s.bm25_k, flt) if terms.indices else []
         fused = fuse_chunks([abstracts, passages, bm25], k=s.rrf_k, limit=s.fused_k)
+        pool = None
+        if s.paper_ranking and resolved is None and (flt is None or flt.paper_ids is None):
+            # Separate, wider searches: the passage lists above stay exactly what they were.
+            wide_abstract = _with_types(flt, ["abstract"])
+            wide_passage = _with_types(flt, ["passage", "table"])
+            pool = PaperPool(
+                abstracts=self.store.dense_search(vector, s.paper_abstract_k, wide_abstract)
+                if wide_abstract
+                else [],
+                passages=self.store.dense_search(vector, s.paper_passage_k, wide_passage)
+                if wide_passage
+                else [],
+                bm25=self.store.sparse_search(terms, s.paper_bm25_k, flt) if terms.indices else [],
+            )
         return HybridResult(
             fused=fused,
             resolved=resolved,
@@ -134,4 +152,5 @@ class HybridRetriever:
             dense_abstracts=abstracts,
             dense_passages=passages,
             bm25=bm25,
+            pool=pool,
         )

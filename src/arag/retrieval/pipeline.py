@@ -11,8 +11,9 @@ from pydantic import BaseModel
 from arag.index.store import Store
 from arag.llm.base import LLM
 from arag.models.reranker import Reranker
-from arag.records import RankedChunk, SearchFilter
+from arag.records import RankedChunk, RankedPaper, SearchFilter
 from arag.retrieval.hybrid import HybridResult, HybridRetriever
+from arag.retrieval.papers import rank_papers
 from arag.retrieval.rerank import RerankStage
 from arag.retrieval.strategies import Expanded, QueryStrategy, make_strategy
 from arag.settings import Settings
@@ -34,6 +35,9 @@ class SearchResult(BaseModel):
     expansion: list[str] = []
     # Why a strategy searched the question alone (an unusable or failed LLM reply); empty otherwise.
     expansion_note: str = ""
+    # For a question that names no paper: the papers ranked, each with its best passages (empty when
+    # the question named a paper or the search was restricted to papers).
+    papers: list[RankedPaper] = []
 
 
 def found_by(result: HybridResult) -> dict[str, list[str]]:
@@ -97,6 +101,11 @@ class Retriever:
         timings = {"search": round(search_ms, 2), "rerank": round(rr.rerank_ms, 2)}
         if expanded is not None:
             timings["expand"] = round(expanded.expand_ms, 2)
+        papers: list[RankedPaper] = []
+        if hybrid.pool is not None:
+            t0 = time.perf_counter()
+            papers = rank_papers(query, hybrid.pool, self.stage.reranker, self.hybrid.settings)
+            timings["papers"] = round(1000 * (time.perf_counter() - t0), 2)
         return SearchResult(
             hybrid=hybrid,
             ranked=rr.ranked,
@@ -105,6 +114,7 @@ class Retriever:
             timings=timings,
             expansion=expanded.expansion if expanded is not None else [],
             expansion_note=expanded.note if expanded is not None else "",
+            papers=papers,
         )
 
 

@@ -74,6 +74,29 @@ class SearchHit(BaseModel):
     floored: bool
 
 
+class PaperPassage(BaseModel):
+    chunk_id: str
+    section: str | None
+    type: str
+    text: str
+    rerank_score: float | None
+
+
+class SearchPaper(BaseModel):
+    """A paper ranked for a query that names none."""
+
+    rank: int
+    paper_id: str
+    title: str
+    arxiv_url: str | None
+    score: float = Field(description="the aggregated evidence of its abstract and passages")
+    abstract_rank: int | None = Field(description="its abstract's rank in the abstract search")
+    passage_hits: int = Field(description="its chunks among the passage and BM25 candidates")
+    best_rerank: float | None
+    found_by: list[str]
+    passages: list[PaperPassage] = Field(description="its best passages, reranked, best first")
+
+
 class SearchResponse(BaseModel):
     request_id: str
     query: str
@@ -81,6 +104,9 @@ class SearchResponse(BaseModel):
     resolved_paper: str | None = Field(description="the paper the query named, if it named one")
     model: str
     hits: list[SearchHit]
+    papers: list[SearchPaper] = Field(
+        default_factory=list, description="for a query that names no paper: the papers ranked, best first"
+    )
     timings: dict[str, float]
     coverage: Coverage | None = Field(default=None, description="how much of the library was searched")
 
@@ -127,6 +153,30 @@ class SearchResponse(BaseModel):
             resolved_paper=hyb.resolved.paper_id if hyb.resolved else None,
             model=result.model,
             hits=out,
+            papers=[
+                SearchPaper(
+                    rank=p.rank,
+                    paper_id=p.paper_id,
+                    title=p.title,
+                    arxiv_url=arxiv_url(p.paper_id),
+                    score=round(p.score, 6),
+                    abstract_rank=p.abstract_rank,
+                    passage_hits=p.passage_hits,
+                    best_rerank=None if p.best_rerank is None else round(p.best_rerank, 4),
+                    found_by=p.found_by,
+                    passages=[
+                        PaperPassage(
+                            chunk_id=c.chunk.id,
+                            section=c.chunk.section,
+                            type=c.chunk.type,
+                            text=c.chunk.text,
+                            rerank_score=None if c.rerank_score is None else round(c.rerank_score, 4),
+                        )
+                        for c in p.passages
+                    ],
+                )
+                for p in result.papers
+            ],
             timings=result.timings,
             coverage=coverage,
         )

@@ -541,6 +541,8 @@ function renderAnswer(a) {
                 arxivLink(p.paper_id, "arXiv")))))
           : null),
     );
+  } else if (a.form === "literature" && a.groups?.length) {
+    box.append(literatureAnswer(a, ctx));
   } else {
     const short = (a.short_answer || "").trim();
     box.append(
@@ -567,6 +569,30 @@ function coverageText(c) {
   const n = (x) => Number(x).toLocaleString("en");
   return c.complete ? `searched all ${n(c.papers)} papers`
     : `searched ${n(c.papers)} of ${n(c.of)} papers (the library is still being built)`;
+}
+
+// An open question's answer: the overview, each group's cited points under its label, the papers.
+function literatureAnswer(a, ctx) {
+  const groupTexts = new Set(a.groups.map((g) => g.text));
+  const overview = (a.text || "").split(/\n{2,}/).filter((p) => p.trim() && !groupTexts.has(p));
+  return el("div", { class: "answered literature", "data-testid": "literature" },
+    el("p", { class: "short-answer", "data-testid": "short-answer", text: a.short_answer || "" }),
+    el("div", { class: "explanation", "data-testid": "explanation" },
+      overview.map((p) => el("p", {}, citedNodes(p, ctx))),
+      a.groups.map((g) => el("section", { class: "lit-group", "data-testid": "lit-group" },
+        a.groups.length > 1 ? el("h3", { text: g.label }) : null,
+        el("p", {}, citedNodes(g.text, ctx))))),
+    el("h3", { text: `Papers (${(a.papers || []).length})` }),
+    el("ol", { class: "lit-papers", "data-testid": "lit-papers" }, (a.papers || []).map((p) =>
+      el("li", {},
+        citeButton(p.n, ctx), " ",
+        el("span", { class: "closest-title", text: p.title }), " ",
+        a.groups.length > 1 ? el("span", { class: "muted", text: `(${p.group})` }) : null, " ",
+        arxivLink(p.paper_id, "arXiv") ?? el("span", { class: "muted", text: p.paper_id })))),
+    a.dropped_claims
+      ? el("p", { class: "note" },
+        `The verifier dropped ${a.dropped_claims} unsupported claim${a.dropped_claims === 1 ? "" : "s"}.`)
+      : null);
 }
 
 function answerMeta(a) {
