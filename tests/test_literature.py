@@ -317,7 +317,10 @@ def test_service_search_and_query_return_papers(lib: Settings) -> None:
     from arag.service import create_app
 
     q = "How do researchers automatically detect sarcasm and irony in tweets?"
-    with Library(lib) as library, TestClient(create_app(library.settings, library=library)) as c:
+    with (
+        Library(lib) as library,
+        TestClient(create_app(library.settings, library=library), base_url="http://127.0.0.1:7860") as c,
+    ):
         r = c.post("/search", json={"query": q, "k": 5})
         assert r.status_code == 200, r.text
         papers = r.json()["papers"]

@@ -169,7 +169,8 @@ def test_no_model_process_outlives_its_parent(tmp_path: Path, how: str) -> None:
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
-        assert alive(child)
+        # (After a plain exit the child may already be stopped by the time this line runs.)
+        assert how == "exit" or alive(child)
         if how != "exit":
             parent.send_signal(getattr(signal, how))
         parent.wait(20)

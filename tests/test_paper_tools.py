@@ -314,7 +314,7 @@ def test_asked_as_a_question_it_routes_to_the_tool(library: Library) -> None:
 
 @pytest.fixture
 def client(library: Library) -> Iterator[TestClient]:
-    with TestClient(create_app(library.settings, library=library)) as c:
+    with TestClient(create_app(library.settings, library=library), base_url="http://127.0.0.1:7860") as c:
         yield c
 
 

@@ -175,7 +175,7 @@ export function renderMap(m) {
       class: "map-topic", "data-topic": String(t.topic),
       onmouseenter: () => focusTopic(t.topic), onmouseleave: () => focusTopic(null),
     },
-      el("span", { class: "swatch", style: `background:${topicColour(t.topic)}`, "aria-hidden": "true" }),
+      swatch(topicColour(t.topic)),
       el("button", {
         type: "button", class: "linklike", title: "Ask about this topic",
         onclick: () => askAbout(topicQuestion(t.label)),
@@ -198,4 +198,12 @@ export function initMap() {
   tabLoaders.map = () => {
     if (!state.loaded) loadMap();
   };
+}
+
+// A topic's colour dot. Set through the CSSOM: a style attribute is inline style, which the page's
+// Content-Security-Policy (style-src 'self') refuses.
+function swatch(colour) {
+  const dot = el("span", { class: "swatch", "aria-hidden": "true" });
+  dot.style.background = colour;
+  return dot;
 }
