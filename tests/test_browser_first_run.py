@@ -16,7 +16,7 @@ from arag.settings import get_settings
 from service_util import echo_llm, running_server
 from test_browser import CHROMIUM, LAUNCH_ARGS, SMALL, Browser, expect, new_page, sync_api
 
-PAPERS = 24
+PAPERS = 80  # enough that the build spans several of the page's 2 s polls
 
 
 def test_the_page_shows_the_build_progress_and_how_much_each_answer_searched(

@@ -173,6 +173,11 @@ def test_addresses_needs_the_names_and_most_terms() -> None:
     assert sarcasm == ["detect", "sarcasm", "tweet"]
     assert addresses(["We detect sarcasm in tweets with a CNN."], sarcasm, [])
     assert not addresses(["We detect named entities."], sarcasm, [])
+    # Two terms: both are needed (one would be half).
+    capital = focus_terms("What is the capital of Australia?")
+    assert capital == ["capit", "australia"]
+    assert not addresses(["GeoQA relations such as capital-of link states and cities."], capital, [])
+    assert addresses(["Canberra is the capital of Australia."], capital, [])
 
 
 def test_group_points_by_approach() -> None:

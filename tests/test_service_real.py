@@ -134,11 +134,14 @@ def test_the_model_process_killed_under_a_query(url: str) -> None:
     t.join(300)
     r = result["r"]
     assert r.status_code == 503 and "SIGKILL" in r.json()["error"], r.text
-    # Another new question: answered by the restarted process, not from the cache.
+    # Another new question about the paper (the one-paper path, whose answer the LLM writes),
+    # answered by the restarted process, not from the cache.
+    paper = "In the paper 'Joint learning of ontology and semantic parser from text': "
     again = httpx.post(
-        f"{url}/query", json={"question": "What does the semantic parser output?"}, timeout=300
+        f"{url}/query", json={"question": paper + "what does the semantic parser output?"}, timeout=300
     )
     assert again.status_code == 200, again.text
+    assert again.json()["mode"].startswith("llm"), again.json()
     (after,) = httpx.get(f"{url}/ready").json()["llm_processes"]
     assert (
         after["pid"] != proc["pid"]
