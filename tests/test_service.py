@@ -270,9 +270,7 @@ def test_a_client_that_disconnects_stops_the_run(lib_dir: Path, tmp_path: Path) 
     with Library(small_settings(copy_library(lib_dir, tmp_path / "lib")), llm=llm) as lib:
         app = create_app(lib.settings, library=lib)
         with running_server(app) as url:
-            with httpx.stream(
-                "POST", f"{url}/query/stream", json={"question": "How is the ontology induced?"}, timeout=30
-            ) as r:
+            with httpx.stream("POST", f"{url}/query/stream", json={"question": NAMED}, timeout=30) as r:
                 for line in r.iter_lines():
                     if line.startswith("event: token"):
                         break  # hang up mid-answer
