@@ -1,26 +1,28 @@
 """The page on a first run, in a real browser: the library builds in the server's background, the page
 shows its progress live, answers say how much of the library they searched, and the progress panel
-says when the library is complete (hash embedder, scripted LLM, 24 QASPER papers)."""
+says when the library is complete (hash embedder, scripted LLM, 80 QASPER papers)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from arag.service import create_app
 from arag.service.background import open_serving_library
 from arag.settings import get_settings
 from service_util import echo_llm, running_server
-from test_browser import CHROMIUM, LAUNCH_ARGS, SMALL, Browser, expect, new_page, sync_api
+
+# The browser and the artifacts folder are test_browser's fixtures (one launch recipe for both modules).
+from test_browser import SMALL, Browser, artifacts, browser, expect, new_page  # noqa: F401
 
 PAPERS = 80  # enough that the build spans several of the page's 2 s polls
 
 
 def test_the_page_shows_the_build_progress_and_how_much_each_answer_searched(
-    browser: Browser, tmp_path: Path, qasper_path: Path, artifacts: Path
+    browser: Browser,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+    qasper_path: Path,
+    artifacts: Path,  # noqa: F811 (imported fixtures)
 ) -> None:
     settings = get_settings(
         data_dir=tmp_path / "data", corpus={"max_papers": PAPERS}, store={"papers_per_batch": 2}, **SMALL
@@ -62,22 +64,3 @@ def test_the_page_shows_the_build_progress_and_how_much_each_answer_searched(
             watch.check()
     finally:
         lib.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=LAUNCH_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def artifacts(tmp_path: Path) -> Path:
-    import os
-
-    out = Path(os.environ.get("ARAG_TEST_ARTIFACTS") or tmp_path)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
