@@ -30,7 +30,13 @@ from arag.models.embedder import (
 )
 from arag.models.factory import get_embedder
 from arag.models.hash_embedder import HashEmbedder, word_features
-from arag.models.onnx_minilm import MODEL_ID, OnnxMiniLMEmbedder, verify_model_file
+from arag.models.onnx_minilm import (
+    DYNAMIC_MODEL_ID,
+    MODEL_ID,
+    OnnxMiniLMEmbedder,
+    dynamic_int8_model,
+    verify_model_file,
+)
 from arag.models.openai_embedder import OpenAICompatEmbedder
 from arag.settings import EmbeddingSettings
 
@@ -231,7 +237,7 @@ def test_cache_separates_models(tmp_path: Path, onnx: OnnxMiniLMEmbedder) -> Non
     assert np.all(_cos(hv, rv) < 0.9)
     np.testing.assert_allclose(rv, onnx.embed(texts), atol=1e-6)
     assert isinstance(real.cache, EmbeddingCache)
-    assert real.cache.count(MODEL_ID) == 2 and real.cache.count() == 4
+    assert real.cache.count(DYNAMIC_MODEL_ID) == 2 and real.cache.count() == 4
     real.close()
 
 
@@ -290,6 +296,41 @@ def test_onnx_thread_cap_is_honoured() -> None:
         assert opts.intra_op_num_threads == threads
         assert opts.inter_op_num_threads == 1
         emb.close()
+
+
+def test_dynamic_int8_is_derived_once_deterministically_and_agrees_with_the_weights_model(
+    tmp_path: Path, onnx: OnnxMiniLMEmbedder, paragraphs: list[str]
+) -> None:
+    weights = OnnxMiniLMEmbedder(EmbeddingSettings(int8="weights"))
+    assert onnx.model_id == DYNAMIC_MODEL_ID and weights.model_id == MODEL_ID
+    source = weights.model_path
+    first = dynamic_int8_model(source, "a" * 64, tmp_path / "one")
+    again = dynamic_int8_model(source, "a" * 64, tmp_path / "one")
+    other = dynamic_int8_model(source, "a" * 64, tmp_path / "two")
+    assert first == again and first.name == other.name
+    assert first.read_bytes() == other.read_bytes()  # two processes deriving at once agree
+    assert [p.name for p in (tmp_path / "one").iterdir()] == [first.name]  # no work files left
+    assert dynamic_int8_model(source, "b" * 64, tmp_path / "one").name != first.name
+
+    # int8 arithmetic: MatMulInteger in the graph; the packaged file dequantises to fp32 matmuls.
+    import onnx as onnx_lib
+
+    ops = {n.op_type for n in onnx_lib.load(str(first)).graph.node}
+    assert "MatMulInteger" in ops or "DynamicQuantizeMatMul" in ops
+    a, b = onnx.embed(paragraphs), weights.embed(paragraphs)
+    cos = _cos(a, b)
+    # Per channel it stays close (per tensor it fell to 0.87 on these texts' like).
+    assert cos.min() >= 0.97 and cos.mean() >= 0.99, (cos.min(), cos.mean())
+    assert not np.allclose(a, b, atol=1e-4)  # it really is another model
+    weights.close()
+
+
+def test_dynamic_int8_unwritable_folder_says_how_to_fix(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ModelError) as err:
+        OnnxMiniLMEmbedder(EmbeddingSettings(), models_dir=blocker / "models")
+    assert "ARAG_EMBEDDING__INT8=weights" in (err.value.fix or "")
 
 
 def test_model_file_checksum(tmp_path: Path) -> None:
@@ -351,8 +392,11 @@ def test_int8_onnx_matches_fp32_reference(
 def test_factory_selects_each_provider(tmp_path: Path) -> None:
     with get_embedder(EmbeddingSettings(provider="hash"), tmp_path / "c.sqlite3") as emb:
         assert isinstance(emb, HashEmbedder) and isinstance(emb.cache, EmbeddingCache)
-    emb = get_embedder(EmbeddingSettings(), None)
-    assert isinstance(emb, OnnxMiniLMEmbedder) and emb.model_id == MODEL_ID
+    emb = get_embedder(EmbeddingSettings(), None, models_dir=tmp_path / "models")
+    assert isinstance(emb, OnnxMiniLMEmbedder) and emb.model_id == DYNAMIC_MODEL_ID
+    assert emb.model_path.parent == tmp_path / "models"
+    weights = get_embedder(EmbeddingSettings(int8="weights"), None)
+    assert isinstance(weights, OnnxMiniLMEmbedder) and weights.model_id == MODEL_ID
     assert isinstance(emb, Embedder)
     assert isinstance(emb.cache, NullCache)
     emb = get_embedder(EmbeddingSettings(provider="openai", base_url="http://127.0.0.1:9/v1"), None)

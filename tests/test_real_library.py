@@ -30,7 +30,7 @@ def test_real_build_fits_the_model_and_is_complete(built) -> None:  # type: igno
     settings, summary = built
     assert summary.papers_added == 4 and summary.papers_failed == 0
     st = library_status(settings)
-    assert st.embedding_model == "all-MiniLM-L6-v2-onnx-int8" and st.embedding_dim == 384
+    assert st.embedding_model == "all-MiniLM-L6-v2-onnx-dynamic-int8" and st.embedding_dim == 384
     assert st.papers == 4 and st.chunks == summary.chunks_added
     store = open_store(settings, 384, create=False)
     try:

@@ -341,7 +341,9 @@ class Library:
             self._pending = max(0, self._pending - n)
             outer.advance(n)
 
-        emb = embedder or get_embedder(settings.embedding, settings.embedding_cache_db)
+        emb = embedder or get_embedder(
+            settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir
+        )
         owned = embedder is None
         with self._ingest_lock:
             self._building, self._complete = True, False

@@ -107,7 +107,9 @@ def run_build_bench(
     st = library_status(bench_settings)
     throughput = None
     if embed_sample and settings.embedding.provider == "onnx-minilm":
-        embedder = get_embedder(bench_settings.embedding, None)  # no cache: measure the model
+        embedder = get_embedder(
+            bench_settings.embedding, None, models_dir=bench_settings.embedder_dir
+        )  # no cache: measure the model
         texts = _sample_chunk_texts(bench_settings, embedder, embed_sample)
         if texts:
             throughput = embed_throughput(bench_settings, embedder, texts)

@@ -72,7 +72,7 @@ def run_map_bench(settings: Settings, *, seed: int = 0) -> MapBench:
             where="ARAG_DATA_DIR",
             fix="build a library first: arag library build",
         )
-    embedder = get_embedder(settings.embedding, settings.embedding_cache_db)
+    embedder = get_embedder(settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir)
     t0 = time.perf_counter()
     vectors = embedder.embed([r.abstract_text or r.title for r in rows])
     embed_s = time.perf_counter() - t0

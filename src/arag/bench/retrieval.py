@@ -60,7 +60,9 @@ def run_retrieval_bench(settings: Settings, questions: Sequence[str], *, warmup:
     store = open_store(settings, dim, create=False)
     index_open_ms = 1000 * (time.perf_counter() - t0)
     t0 = time.perf_counter()
-    embedder = get_embedder(settings.embedding, None)  # no cache: every query runs the model
+    embedder = get_embedder(
+        settings.embedding, None, models_dir=settings.embedder_dir
+    )  # no cache: every query runs the model
     model_load_ms = 1000 * (time.perf_counter() - t0)
     t0 = time.perf_counter()
     reranker = get_reranker(settings)

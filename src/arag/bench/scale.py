@@ -67,7 +67,7 @@ def export_base(settings_dir: Path, out: Path, queries: list[str], n: int = BASE
         raise InputError(
             f"there is no library in {settings.data_dir}", where="ARAG_DATA_DIR", fix="arag library build"
         )
-    embedder = get_embedder(settings.embedding, settings.embedding_cache_db)
+    embedder = get_embedder(settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir)
     store = EdgeStore.open(settings.index_dir, int(dim), create=False)
     try:
         rows: list[dict] = []

@@ -87,7 +87,7 @@ def train_in_server(settings: Settings, store: Store, progress: ProgressFactory)
     from arag.train.reranker_pipeline import train_reranker
 
     # An embedding model of its own, made in the (low-priority) background thread.
-    embedder = get_embedder(settings.embedding, settings.embedding_cache_db)
+    embedder = get_embedder(settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir)
     try:
         card = train_reranker(
             settings,

@@ -130,7 +130,9 @@ class LibraryBuilder:
         self.settings = settings
         self._lock: AbstractContextManager[object] = lock if lock is not None else nullcontext()
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        self.embedder = embedder or get_embedder(settings.embedding, settings.embedding_cache_db)
+        self.embedder = embedder or get_embedder(
+            settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir
+        )
         self.state = LibraryState(settings.state_db)
         self._owns_store = store is None
         try:

@@ -106,7 +106,7 @@ def open_for_building(settings: Settings) -> tuple[Store, BaseEmbedder]:
     from arag.library.build import check_model
     from arag.models.factory import get_embedder
 
-    embedder = get_embedder(settings.embedding, settings.embedding_cache_db)
+    embedder = get_embedder(settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     state = LibraryState(settings.state_db)
     try:
@@ -233,7 +233,7 @@ def _open_search(settings: Settings, *, with_papers: bool) -> tuple[Store, BaseE
             where="ARAG_DATA_DIR",
             fix="build it first: arag library build",
         )
-    embedder = get_embedder(settings.embedding, settings.embedding_cache_db)
+    embedder = get_embedder(settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir)
     if embedder.model_id != model:
         raise InputError(
             f"the library was built with {model!r} but the settings select {embedder.model_id!r}",

@@ -9,15 +9,18 @@ from arag.models.embedder import BaseEmbedder, Cache, EmbeddingCache, NullCache
 from arag.settings import EmbeddingSettings
 
 
-def get_embedder(settings: EmbeddingSettings, cache_path: Path | None = None) -> BaseEmbedder:
-    """The embedder ``settings.provider`` names, with a sqlite cache at ``cache_path`` (None: no cache)."""
+def get_embedder(
+    settings: EmbeddingSettings, cache_path: Path | None = None, *, models_dir: Path | None = None
+) -> BaseEmbedder:
+    """The embedder ``settings.provider`` names, with a sqlite cache at ``cache_path`` (None: no cache);
+    a model derived from a packaged one is kept in ``models_dir`` (None: a temporary folder)."""
     cache: Cache = EmbeddingCache(cache_path) if cache_path is not None else NullCache()
     provider = settings.provider
     try:
         if provider == "onnx-minilm":
             from arag.models.onnx_minilm import OnnxMiniLMEmbedder
 
-            return OnnxMiniLMEmbedder(settings, cache=cache)
+            return OnnxMiniLMEmbedder(settings, cache=cache, models_dir=models_dir)
         if provider == "sentence-transformers":
             from arag.models.hub import SentenceTransformerEmbedder
 
