@@ -1,5 +1,8 @@
 """Build benchmark: a from-scratch build of N papers, a no-op rebuild, and embedding throughput
-against a naive baseline (batches in input order, so each pads to its longest text) in the same run."""
+against a baseline in the same run: for the dynamic int8 MiniLM (the default), the packaged model as
+it was used before (weights dequantised to fp32, length-sorted batches), and with ``baseline_build``
+a whole second build of the same papers with it; for other models, batches in input order (each pads
+to its longest text)."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ class EmbedThroughput(BaseModel):
     baseline_chunks_per_s: float
     speedup: float
     repeats: int
+    baseline: str = "input-order batches"
 
 
 class BuildBench(BaseModel):
@@ -40,6 +44,10 @@ class BuildBench(BaseModel):
     index_bytes: int
     peak_rss_mib: float
     embedding: EmbedThroughput | None
+    # The same papers built with the baseline model in the same run (``baseline_build``).
+    baseline_model: str | None = None
+    baseline_build_seconds: float | None = None
+    build_speedup: float | None = None
 
 
 def _peak_rss_mib() -> float:
@@ -48,15 +56,23 @@ def _peak_rss_mib() -> float:
 
 
 def embed_throughput(
-    settings: Settings, embedder: BaseEmbedder, texts: list[str], repeats: int = 3
+    settings: Settings,
+    embedder: BaseEmbedder,
+    texts: list[str],
+    repeats: int = 3,
+    baseline_embedder: BaseEmbedder | None = None,
 ) -> EmbedThroughput:
-    """Chunks/s of the configured embedder (length-sorted batches) vs input-order batches."""
+    """Chunks/s of the configured embedder (length-sorted batches) vs ``baseline_embedder`` doing the
+    same, or, without one, vs the same model on input-order batches."""
     bs = settings.embedding.batch_size
 
     def ours() -> None:
         embedder.embed(texts)
 
     def baseline() -> None:
+        if baseline_embedder is not None:
+            baseline_embedder.embed(texts)
+            return
         # The naive way: batches in input order, so a short chunk pays for the longest beside it.
         for i in range(0, len(texts), bs):
             embedder.embed_batch(texts[i : i + bs])
@@ -79,6 +95,7 @@ def embed_throughput(
         baseline_chunks_per_s=base_rate,
         speedup=ours_rate / base_rate,
         repeats=repeats,
+        baseline=baseline_embedder.model_id if baseline_embedder is not None else "input-order batches",
     )
 
 
@@ -89,8 +106,11 @@ def run_build_bench(
     data_dir: Path | None = None,
     embed_sample: int = 512,
     progress: Progress | None = None,
+    baseline_build: bool = False,
 ) -> BuildBench:
-    """Build ``papers`` papers into a fresh data directory, rebuild (no-op), measure throughput."""
+    """Build ``papers`` papers into a fresh data directory, rebuild (no-op), measure throughput; with
+    ``baseline_build`` (dynamic int8 MiniLM only) then build them again with the packaged weights
+    model in another fresh folder."""
     tmp = None
     if data_dir is None:
         tmp = tempfile.mkdtemp(prefix="arag-bench-")
@@ -106,13 +126,23 @@ def run_build_bench(
     noop_s = time.perf_counter() - t1
     st = library_status(bench_settings)
     throughput = None
+    dynamic = settings.embedding.provider == "onnx-minilm" and settings.embedding.int8 == "dynamic"
+    weights = settings.embedding.model_copy(update={"int8": "weights"})
     if embed_sample and settings.embedding.provider == "onnx-minilm":
-        embedder = get_embedder(
-            bench_settings.embedding, None, models_dir=bench_settings.embedder_dir
-        )  # no cache: measure the model
+        # No cache: measure the model.
+        embedder = get_embedder(bench_settings.embedding, None, models_dir=bench_settings.embedder_dir)
+        base = get_embedder(weights, None) if dynamic else None
         texts = _sample_chunk_texts(bench_settings, embedder, embed_sample)
         if texts:
-            throughput = embed_throughput(bench_settings, embedder, texts)
+            throughput = embed_throughput(bench_settings, embedder, texts, baseline_embedder=base)
+    baseline_model = baseline_s = None
+    if baseline_build and dynamic:
+        with tempfile.TemporaryDirectory(prefix="arag-bench-baseline-") as other:
+            base_settings = bench_settings.model_copy(update={"data_dir": Path(other), "embedding": weights})
+            t2 = time.perf_counter()
+            build_library(base_settings, progress=progress)
+            baseline_s = time.perf_counter() - t2
+            baseline_model = library_status(base_settings).embedding_model
     return BuildBench(
         papers=st.papers,
         data_dir=str(data_dir),
@@ -125,6 +155,9 @@ def run_build_bench(
         index_bytes=st.index_bytes,
         peak_rss_mib=_peak_rss_mib(),
         embedding=throughput,
+        baseline_model=baseline_model,
+        baseline_build_seconds=baseline_s,
+        build_speedup=baseline_s / build_s if baseline_s else None,
     )
 
 

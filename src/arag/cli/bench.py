@@ -26,6 +26,13 @@ def bench_build(
         Path | None, typer.Option(help="Build here instead of a fresh temporary folder (must be empty).")
     ] = None,
     embed_sample: Annotated[int, typer.Option(help="Chunks for the throughput measurement (0: skip).")] = 512,
+    baseline_build: Annotated[
+        bool,
+        typer.Option(
+            help="Then build the same papers again with the packaged int8-weights model "
+            "(ARAG_EMBEDDING__INT8=weights, the default before dynamic int8) and report the ratio."
+        ),
+    ] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
 ) -> None:
     """Time a from-scratch build, a no-op rebuild, index size, peak memory and embedding throughput."""
@@ -34,7 +41,12 @@ def bench_build(
     settings = load_settings()
     with build_progress("bench build") as progress:
         result = run_build_bench(
-            settings, papers or None, data_dir=data_dir, embed_sample=embed_sample, progress=progress
+            settings,
+            papers or None,
+            data_dir=data_dir,
+            embed_sample=embed_sample,
+            progress=progress,
+            baseline_build=baseline_build,
         )
     table = Table(title=f"build benchmark ({result.papers} papers)", show_header=False, title_justify="left")
     table.add_row("build wall time", f"{result.build_seconds:.1f} s")
@@ -54,8 +66,14 @@ def bench_build(
         table.add_row(
             "embedding throughput",
             f"{e.ours_chunks_per_s:.1f} chunks/s vs baseline {e.baseline_chunks_per_s:.1f} "
-            f"(x{e.speedup:.2f}; median of {e.repeats}, {e.texts} chunks, "
+            f"(x{e.speedup:.2f}; baseline {e.baseline}; median of {e.repeats}, {e.texts} chunks, "
             f"batch {e.batch_size}, {e.threads} threads)",
+        )
+    if result.baseline_build_seconds is not None:
+        table.add_row(
+            "same papers, baseline model",
+            f"{result.baseline_build_seconds:.1f} s with {result.baseline_model} "
+            f"(this build x{result.build_speedup:.2f} faster)",
         )
     console.print(table)
     if json_out:
