@@ -63,27 +63,35 @@ def _lexical_support() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(autouse=True)
-def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    data = tmp_path_factory.mktemp("arag-data")
+# Variables of the shell a test must not see: a server named there must not receive every test's
+# writes (the contract suite reads the variable itself, at collection time).
+_SHELL_VARS = (
+    "ARAG_EMBEDDING__PROVIDER",
+    "ARAG_CORPUS__QASPER_PATH",
+    "ARAG_CORPUS__MAX_PAPERS",
+    "ARAG_QDRANT_URL",
+    "ARAG_QDRANT_API_KEY",
+    "ARAG_STORE__BACKEND",
+    "ARAG_STORE__COLLECTION",
+    "ARAG_API_KEYS",
+)
+
+
+def isolate(monkeypatch: pytest.MonkeyPatch, data: Path) -> None:
+    """Point arag at ``data`` with an empty config file, offline, without the shell's settings."""
     cfg = data / "empty-config.toml"
     cfg.write_text("")
     monkeypatch.setenv("ARAG_DATA_DIR", str(data))
     monkeypatch.setenv("ARAG_CONFIG", str(cfg))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for var in (
-        "ARAG_EMBEDDING__PROVIDER",
-        "ARAG_CORPUS__QASPER_PATH",
-        "ARAG_CORPUS__MAX_PAPERS",
-        # A server named in the shell must not receive every test's writes (the contract suite reads
-        # the variable itself, at collection time).
-        "ARAG_QDRANT_URL",
-        "ARAG_QDRANT_API_KEY",
-        "ARAG_STORE__BACKEND",
-        "ARAG_STORE__COLLECTION",
-        "ARAG_API_KEYS",
-    ):
+    for var in _SHELL_VARS:
         monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    data = tmp_path_factory.mktemp("arag-data")
+    isolate(monkeypatch, data)
     return data
 
 
@@ -115,15 +123,20 @@ SMALL_LIBRARY: dict[str, Any] = {
 def small_library(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Callable[..., Settings]:
     """A factory of built small libraries: settings overrides in (each top-level section replaces
     :data:`SMALL_LIBRARY`'s), the built library's settings out. The same overrides give the same
-    library, built once per session, so its tests only read it (a test that changes a library builds
-    its own)."""
+    library, built once per session (isolated from the shell as every test is), so its tests only
+    read it (a test that changes a library builds its own). ``own``: a module whose tests write
+    beside the library (chat sessions, logs, a service's state) names itself, and gets a library
+    no other module shares."""
     built: dict[str, Settings] = {}
 
-    def make(**overrides: Any) -> Settings:
-        key = json.dumps(overrides, sort_keys=True, default=str)
+    def make(own: str = "", **overrides: Any) -> Settings:
+        key = json.dumps([own, overrides], sort_keys=True, default=str)
         if key not in built:
-            settings = get_settings(data_dir=tmp_path_factory.mktemp("lib"), **{**SMALL_LIBRARY, **overrides})
-            build_library(settings)
+            data = tmp_path_factory.mktemp(f"lib-{own}" if own else "lib")
+            with pytest.MonkeyPatch.context() as mp:
+                isolate(mp, tmp_path_factory.mktemp("env"))
+                settings = get_settings(data_dir=data, **{**SMALL_LIBRARY, **overrides})
+                build_library(settings)
             built[key] = settings
         return built[key]
 

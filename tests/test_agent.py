@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -15,14 +14,14 @@ from arag.agent import Agent, LexicalSupport, build_agent, prompts
 from arag.agent.deps import AgentDeps
 from arag.agent.graph import NODES
 from arag.errors import InputError
-from arag.library.manage import build_library, load_resolver, open_for_search
+from arag.library.manage import load_resolver, open_for_search
 from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
 from arag.models.reranker import IdentityReranker
 from arag.records import Answer, Chunk, NodeEvent, RankedChunk, SearchFilter
 from arag.retrieval.hybrid import HybridResult, HybridRetriever
 from arag.retrieval.pipeline import Retriever, SearchResult, make_reranking_retriever
-from arag.settings import AgentSettings, Settings, get_settings
+from arag.settings import AgentSettings, Settings
 
 RESEARCH_PATH = ["router", "planner", "retriever", "grader", "context", "synthesizer", "verifier"]
 RETRY_PATH = ["router", "planner", "retriever", "grader", "reformulator", "retriever", "grader"]
@@ -32,17 +31,8 @@ ONTOLOGY = "1601.00901"  # Joint learning of ontology and semantic parser from t
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings:
-    s = get_settings(
-        data_dir=tmp_path_factory.mktemp("agent-lib"),
-        corpus={"max_papers": 6},
-        embedding={"provider": "hash"},
-        topics={"k": 2},
-        rerank={"provider": "none"},
-        llm={"provider": "extractive"},
-    )
-    build_library(s)
-    return s
+def lib(small_library: Callable[..., Settings]) -> Settings:
+    return small_library(rerank={"provider": "none"}, llm={"provider": "extractive"})
 
 
 @pytest.fixture(scope="module")

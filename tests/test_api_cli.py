@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,6 @@ from arag.api import Library
 from arag.cli.ask import llm_overrides
 from arag.cli.main import app
 from arag.errors import InputError, StoreError
-from arag.library.manage import build_library
 from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
 from arag.records import Answer, NodeEvent
@@ -38,10 +37,8 @@ ENV = {
 
 
 @pytest.fixture(scope="module")
-def lib_dir(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Path:
-    data = tmp_path_factory.mktemp("api-lib")
-    build_library(get_settings(data_dir=data, corpus={"max_papers": 6}, **_nested(ENV)))
-    return data
+def lib_dir(small_library: Callable[..., Settings]) -> Path:
+    return small_library("api_cli", **_nested(ENV)).data_dir  # its own: the chat tests write beside it
 
 
 def _nested(env: dict[str, str]) -> dict[str, dict[str, str]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,9 +18,9 @@ import pytest
 from pydantic import SecretStr
 
 from arag.api import Library
-from arag.library.manage import build_library
 from arag.service import create_app
-from arag.settings import get_settings
+from arag.settings import Settings, get_settings
+from conftest import isolate
 from service_util import echo_llm, running_server
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -55,17 +55,13 @@ PIPELINE = ["route", "plan", "retrieve", "rerank", "grade", "reformulate", "synt
 
 
 @pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Iterator[Library]:
-    root = tmp_path_factory.mktemp("browser")
-    config = root / "empty-config.toml"
-    config.write_text("")
-    # Module fixtures run before the per-test isolation: isolate the build and the open here too.
+def library(
+    tmp_path_factory: pytest.TempPathFactory, small_library: Callable[..., Settings]
+) -> Iterator[Library]:
+    data = small_library("browser", **SMALL).data_dir  # its own: the page's questions write beside it
+    # Module fixtures run before the per-test isolation: isolate the open here too.
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ARAG_CONFIG", str(config))
-        mp.setenv("ARAG_DATA_DIR", str(root / "data"))
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        data = root / "lib"
-        build_library(get_settings(data_dir=data, corpus={"max_papers": 6}, **SMALL))
+        isolate(mp, tmp_path_factory.mktemp("browser"))
         settings = get_settings(data_dir=data, **SMALL)
     with Library(settings, llm=echo_llm()) as lib:
         yield lib

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +32,11 @@ from arag.eval.answers import (
 )
 from arag.eval.naive import NAIVE_SYSTEM, NaiveRAG
 from arag.eval.qasper_metrics import score_question
-from arag.library.manage import build_library, open_for_search
+from arag.library.manage import open_for_search
 from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
 from arag.records import Answer, Chunk, Citation, NodeEvent, UsedChunk
-from arag.settings import Settings, get_settings
+from arag.settings import Settings
 
 runner = CliRunner()
 GOLD = "We train on the Penn Treebank. The corpus has one million words."
@@ -283,17 +283,8 @@ def test_both_question_formats_load_alike(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings:
-    s = get_settings(
-        data_dir=tmp_path_factory.mktemp("answers-lib"),
-        corpus={"max_papers": 6},
-        embedding={"provider": "hash"},
-        topics={"k": 2},
-        rerank={"provider": "none"},
-        llm={"provider": "extractive"},
-    )
-    build_library(s)
-    return s
+def lib(small_library: Callable[..., Settings]) -> Settings:
+    return small_library(rerank={"provider": "none"}, llm={"provider": "extractive"})
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,7 @@ scripted LLM overview."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -20,7 +19,7 @@ from arag.agent.state import Grade
 from arag.agent.support import LexicalSupport
 from arag.agent.terms import cited_numbers, strip_self_reference
 from arag.eval.open import TitleAbstractBM25, precision_at, recall_at
-from arag.library.manage import build_library, load_resolver, open_for_search
+from arag.library.manage import load_resolver, open_for_search
 from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
 from arag.models.reranker import IdentityReranker
@@ -28,7 +27,7 @@ from arag.records import Answer, Chunk, ScoredChunk
 from arag.retrieval.hybrid import HybridRetriever
 from arag.retrieval.papers import PaperPool, aggregate_papers, rank_papers
 from arag.retrieval.pipeline import Retriever, make_reranking_retriever
-from arag.settings import AgentSettings, RetrievalSettings, Settings, get_settings
+from arag.settings import AgentSettings, RetrievalSettings, Settings
 
 SARCASM = ["1709.05404", "1804.00520", "1804.08094", "1809.09795", "1904.04019"]
 OTHERS = ["1601.00901", "1601.01705"]
@@ -213,17 +212,14 @@ def test_open_eval_metrics_and_bm25_baseline() -> None:
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings:
-    s = get_settings(
-        data_dir=tmp_path_factory.mktemp("lit-lib"),
+def lib(small_library: Callable[..., Settings]) -> Settings:
+    # Its own: the service test writes beside it.
+    return small_library(
+        "literature",
         corpus={"paper_ids": SARCASM + OTHERS},
-        embedding={"provider": "hash"},
-        topics={"k": 2},
         rerank={"provider": "none"},
         llm={"provider": "extractive"},
     )
-    build_library(s)
-    return s
 
 
 @pytest.fixture  # per test: the service test opens the index itself (one holder at a time)

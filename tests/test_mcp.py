@@ -22,7 +22,7 @@ from arag.api import PAPERS_FIX, Library
 from arag.cli.mcp import register
 from arag.library.manage import build_library
 from arag.mcp_server import build_server
-from arag.settings import get_settings
+from arag.settings import Settings, get_settings
 from service_util import echo_llm
 
 COMPOSE = "1601.01705"
@@ -31,10 +31,8 @@ TOOLS = {"search_papers", "ask", "get_paper", "list_papers", "summarise_paper", 
 
 
 @pytest.fixture(scope="module")
-def lib_dir(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Path:
-    data = tmp_path_factory.mktemp("mcp-lib")
-    build_library(get_settings(data_dir=data, corpus={"max_papers": 6}, **SMALL))
-    return data
+def lib_dir(small_library: Callable[..., Settings]) -> Path:
+    return small_library("mcp", **SMALL).data_dir  # its own: the tools' Library writes beside it
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +14,7 @@ from arag.errors import InputError, StoreError
 from arag.index.qdrant_edge import EdgeStore
 from arag.index.qdrant_server import QdrantServerStore
 from arag.library.build import Progress
-from arag.library.manage import build_library, open_for_search
+from arag.library.manage import open_for_search
 from arag.library.migrate import copy_store, migrate_library
 from arag.records import Chunk, SparseVector
 from arag.retrieval.hybrid import HybridRetriever
@@ -25,17 +25,10 @@ QUERIES = ["ontology semantic parser grammar Wikipedia", "which datasets do they
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("ARAG_QDRANT_URL", raising=False)  # the source is the Edge store
-        s = get_settings(
-            data_dir=tmp_path_factory.mktemp("mig"),
-            corpus={"max_papers": 4},
-            embedding={"provider": "hash"},
-            topics={"k": 2},
-        )
-        build_library(s)
-    return s
+def lib(small_library: Callable[..., Settings]) -> Settings:
+    # Its own (a migration records beside it); built without the shell's server: the source is the
+    # Edge store.
+    return small_library("migrate", corpus={"max_papers": 4})
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,6 @@ from arag.agent.terms import cited_numbers, sentences
 from arag.api import Library
 from arag.cli.main import app
 from arag.library.build import LibraryBuilder
-from arag.library.manage import build_library
 from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
 from arag.mcp_server import build_server
@@ -242,9 +241,8 @@ def tools_llm() -> ScriptedLLM:
 
 
 @pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Iterator[Library]:
-    data = tmp_path_factory.mktemp("tools-lib")
-    build_library(get_settings(data_dir=data, corpus={"max_papers": 6}, **SMALL))
+def library(small_library: Callable[..., Settings]) -> Iterator[Library]:
+    data = small_library("paper_tools", **SMALL).data_dir  # its own: its Library writes beside it
     with Library(get_settings(data_dir=data, **SMALL), llm=tools_llm()) as lib:
         yield lib
 

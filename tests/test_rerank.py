@@ -25,8 +25,9 @@ from arag.retrieval.hybrid import HybridRetriever
 from arag.retrieval.pipeline import SEARCHES, found_by, make_reranking_retriever
 from arag.retrieval.rerank import RerankStage, floor_canonical, select_kept
 from arag.settings import RerankSettings, Settings, get_settings
-from arag.train.calibrate import calibrate_bars, kept_f1, rank_metrics, reranked_order, score_histogram
+from arag.train.calibrate import calibrate_bars, score_histogram
 from arag.train.data import Candidates
+from arag.train.metrics import kept_f1, rank_metrics, reranked_order
 
 BARS = Bars(lower=0.5, upper=0.8)
 

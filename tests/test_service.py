@@ -8,7 +8,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -17,7 +17,6 @@ from fastapi.testclient import TestClient
 from openapi_spec_validator import validate
 
 from arag.api import Library
-from arag.library.manage import build_library
 from arag.service import create_app
 from arag.settings import Settings, get_settings
 from service_util import echo_llm, running_server, sse_events
@@ -40,10 +39,8 @@ SMALL = {
 
 
 @pytest.fixture(scope="module")
-def lib_dir(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Path:
-    data = tmp_path_factory.mktemp("service-lib")
-    build_library(get_settings(data_dir=data, corpus={"max_papers": 6}, **SMALL))
-    return data
+def lib_dir(small_library: Callable[..., Settings]) -> Path:
+    return small_library("service", **SMALL).data_dir  # its own: the service writes beside it
 
 
 def small_settings(data: Path, **service: object) -> Settings:

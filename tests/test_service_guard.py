@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,6 @@ from pydantic import SecretStr
 
 from arag.api import Library
 from arag.errors import ConfigError
-from arag.library.manage import build_library
 from arag.service import create_app
 from arag.settings import Settings, get_settings
 from arag.stress.bombs import inflation_bomb, page_bomb
@@ -36,9 +35,8 @@ SMALL = {
 
 
 @pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Iterator[Library]:
-    data = tmp_path_factory.mktemp("guard-lib")
-    build_library(get_settings(data_dir=data, corpus={"max_papers": 3}, **SMALL))
+def library(small_library: Callable[..., Settings]) -> Iterator[Library]:
+    data = small_library("service_guard", corpus={"max_papers": 3}, **SMALL).data_dir  # its own
     with Library(get_settings(data_dir=data, **SMALL), llm=echo_llm()) as lib:
         yield lib
 

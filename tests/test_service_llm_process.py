@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -19,10 +19,9 @@ import psutil
 import pytest
 
 from arag.api import Library
-from arag.library.manage import build_library
 from arag.llm.local import LocalLLM
 from arag.service import create_app
-from arag.settings import get_settings
+from arag.settings import Settings
 from service_util import running_server, sse_events
 from test_llm_process import FAKE, wait_dead, words
 
@@ -37,10 +36,10 @@ QUESTION = "What does the SLOW joint learning of ontology and semantic parser sh
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Iterator[tuple[str, LocalLLM]]:
-    data = tmp_path_factory.mktemp("svc-llm-proc")
-    settings = get_settings(data_dir=data, corpus={"max_papers": 4}, **SMALL)
-    build_library(settings)
+def served(small_library: Callable[..., Settings]) -> Iterator[tuple[str, LocalLLM]]:
+    # Its own: the service and the model's log write beside it.
+    settings = small_library("llm_process", corpus={"max_papers": 4}, **SMALL)
+    data = settings.data_dir
     llm = LocalLLM(Path("m.gguf"), settings.llm, name="fake", log_dir=data, tokenizer=words, command=FAKE)
     try:
         with Library(settings, llm=llm) as lib, running_server(create_app(settings, library=lib)) as url:

@@ -19,7 +19,7 @@ from arag.agent import Agent, LexicalSupport, build_agent, prompts
 from arag.agent.hooks import RunHooks
 from arag.api import Library
 from arag.library.build import LibraryBuilder
-from arag.library.manage import build_library, load_resolver, open_for_search
+from arag.library.manage import load_resolver, open_for_search
 from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
 from arag.models.reranker import IdentityReranker
@@ -47,17 +47,14 @@ SMALL = {
 
 
 @pytest.fixture(scope="module")
-def small_lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings:
-    data = tmp_path_factory.mktemp("stress-lib")
+def small_lib(small_library: Callable[..., Settings]) -> Settings:
     # A generated arXiv id would start a download: point it at a closed port, never the network.
-    settings = get_settings(
-        data_dir=data,
-        corpus={"max_papers": 6},
+    # Its own library: the hardening run ingests into it.
+    return small_library(
+        "stress_api",
         arxiv={"pdf_url": f"http://127.0.0.1:{free_port()}/pdf/{{id}}", "retries": 0, "delay_s": 0},
         **SMALL,
     )
-    build_library(settings)
-    return settings
 
 
 @pytest.fixture(scope="module")

@@ -35,23 +35,18 @@ from arag.library.manage import list_papers
 from arag.llm.scripted import ScriptedLLM
 from arag.models.reranker import CARD_FILE, MODEL_FILE, ModelCard, OnnxReranker, file_sha256
 from arag.settings import Settings, get_settings
+from arag.train.calibrate import fit_combined, fit_platt
+from arag.train.data import SupportExample, SupportPair
+from arag.train.metrics import auc, best_threshold, confusion, verifier_metrics
 from arag.train.reranker import TrainConfig
 from arag.train.support_pipeline import (
-    SupportExample,
-    SupportPair,
     answer_text,
     answered,
-    auc,
-    best_threshold,
-    confusion,
-    fit_combined,
-    fit_platt,
     hypothesis,
     labelled_pairs,
     recalibrate_support,
     to_mined,
     train_support,
-    verifier_metrics,
 )
 
 # --- answers and pairs --------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from arag.agent.grader import make_grade_edge, make_grader
 from arag.agent.hooks import RunHooks, using
 from arag.agent.planner import make_planner
 from arag.agent.reformulator import make_reformulate_edge, make_reformulator
-from arag.agent.retrieve import make_retriever
+from arag.agent.retrieve import make_retrieval_node
 from arag.agent.router import make_about, make_direct, make_router, route_edge
 from arag.agent.state import AgentState, Step
 from arag.agent.support import (
@@ -95,7 +95,7 @@ def build_graph(deps: AgentDeps):
         "direct": make_direct,
         "about": make_about,
         "planner": make_planner,
-        "retriever": make_retriever,
+        "retriever": make_retrieval_node,
         "grader": make_grader,
         "reformulator": make_reformulator,
         "context": make_context,

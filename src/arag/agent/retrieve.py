@@ -79,8 +79,9 @@ def is_literature(state: AgentState, results: list[SearchResult]) -> bool:
     return state.get("answer_type") != "yes_no" and any(r.papers for r in results)
 
 
-def make_retriever(deps: AgentDeps):
-    """The retriever node."""
+def make_retrieval_node(deps: AgentDeps):
+    """The graph's retriever node: it searches the pending queries through ``deps.retriever`` (it
+    makes no retriever) and adds the passages not seen yet as evidence."""
     settings = deps.settings
 
     def retriever(state: AgentState) -> Step:

@@ -47,8 +47,9 @@ def run_rerank_bench(
     from arag.corpus.qasper_questions import load_questions
     from arag.library.manage import open_retrieval
     from arag.models.reranker import OnnxReranker
-    from arag.train.calibrate import combined_scores, rank_metrics
+    from arag.train.calibrate import combined_scores
     from arag.train.data import candidates_for
+    from arag.train.metrics import rank_metrics
 
     qs = load_questions(questions_path, limit=limit)
     with open_retrieval(settings) as retrieval:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from arag.cli.common import build_progress, console, handle_errors, load_settings
+from arag.cli.common import FiguresJson, build_progress, console, handle_errors, load_settings, write_figures
 from arag.errors import InputError
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def bench_build(
             "(ARAG_EMBEDDING__INT8=weights, the default before dynamic int8) and report the ratio."
         ),
     ] = False,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
+    json_out: FiguresJson = None,
 ) -> None:
     """Time a from-scratch build, a no-op rebuild, index size, peak memory and embedding throughput."""
     from arag.bench.build import run_build_bench
@@ -76,15 +76,13 @@ def bench_build(
             f"(this build x{result.build_speedup:.2f} faster)",
         )
     console.print(table)
-    if json_out:
-        json_out.write_text(result.model_dump_json(indent=2))
-        console.print(f"wrote {json_out}")
+    write_figures(json_out, result)
 
 
 @bench_app.command("map")
 @handle_errors
 def bench_map(
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
+    json_out: FiguresJson = None,
 ) -> None:
     """The library map's projections on the built library: PCA (baseline) vs t-SNE (default), timed,
     with the share of each paper's 10 nearest papers kept as neighbours on the map, and topic purity."""
@@ -106,16 +104,14 @@ def bench_map(
         console.print(
             f"t-SNE / PCA neighbours kept: x{ours.neighbour_agreement / base.neighbour_agreement:.1f}"
         )
-    if json_out:
-        json_out.write_text(r.model_dump_json(indent=2))
-        console.print(f"wrote {json_out}")
+    write_figures(json_out, r)
 
 
 @bench_app.command("retrieval")
 @handle_errors
 def bench_retrieval(
     queries: Annotated[int, typer.Option(help="QASPER validation questions to time.")] = 150,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
+    json_out: FiguresJson = None,
 ) -> None:
     """Per-stage latency medians (embed, dense, sparse, fuse, rerank), 1 vs 3 sub-queries (sequential
     vs concurrent), with and without reranking, and cold start."""
@@ -147,8 +143,7 @@ def bench_retrieval(
     )
     table.add_row("cold start (new process to first result)", f"{r.cold_start_ms:.0f} ms")
     console.print(table)
-    if json_out:
-        json_out.write_text(r.model_dump_json(indent=2))
+    write_figures(json_out, r)
 
 
 @bench_app.command("reranker")
@@ -158,7 +153,7 @@ def bench_reranker(
         str, typer.Option(help="Comma-separated input lengths (word-pieces per pair).")
     ] = "128,160,192,256",
     questions: Annotated[int | None, typer.Option(help="Validation questions (default: all).")] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
+    json_out: FiguresJson = None,
 ) -> None:
     """The installed reranker at several input lengths: validation nDCG@10 against ms per candidate list."""
     from arag.bench.rerank import run_rerank_bench
@@ -197,8 +192,7 @@ def bench_reranker(
             f"{run.p90_ms:.1f}",
         )
     console.print(table)
-    if json_out:
-        json_out.write_text(r.model_dump_json(indent=2))
+    write_figures(json_out, r)
 
 
 @bench_app.command("service")
@@ -215,7 +209,7 @@ def bench_service(
             help="Local model process counts to compare in one run, e.g. 1,2 (threads are shared out)."
         ),
     ] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
+    json_out: FiguresJson = None,
 ) -> None:
     """N concurrent streamed questions while /health is probed every 50 ms (idle baseline, same run);
     with --processes, one server per setting, one after the other, compared in one table."""
@@ -306,7 +300,7 @@ def bench_scale(
     workdir: Annotated[
         Path | None, typer.Option(help="Where to build the indexes (default: a temporary folder, removed).")
     ] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
+    json_out: FiguresJson = None,
 ) -> None:
     """Build and query cost, memory and disk of the embedded store at growing chunk counts (synthetic
     chunks from the built library's text and vectors)."""
@@ -343,9 +337,7 @@ def bench_scale(
     console.print(
         f"per 100k chunks: {r.per_100k_disk_mib:.0f} MiB disk, {r.per_100k_rss_mib:.0f} MiB RSS when open"
     )
-    if json_out:
-        json_out.write_text(r.model_dump_json(indent=2))
-        console.print(f"wrote {json_out}")
+    write_figures(json_out, r)
 
 
 @bench_app.command("first-run")
@@ -365,7 +357,7 @@ def bench_first_run(
     data_dir: Annotated[
         Path | None, typer.Option(help="An empty folder to use instead of a temporary one (kept).")
     ] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
+    json_out: FiguresJson = None,
 ) -> None:
     """The time a new user waits: `arag serve` in a fresh data directory to /health, to the first cited
     answer, to the complete library and the installed reranker; /health and /search latency while
@@ -416,6 +408,4 @@ def bench_first_run(
     ):
         lat.add_row(name, f"{v.p50_ms} / {v.p95_ms} / {v.max_ms} ({v.n})")
     console.print(lat)
-    if json_out:
-        json_out.write_text(r.model_dump_json(indent=2))
-        console.print(f"wrote {json_out}")
+    write_figures(json_out, r)

@@ -6,9 +6,11 @@ import functools
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, ParamSpec, TypeVar
+from pathlib import Path
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
@@ -29,6 +31,9 @@ from arag.settings import Settings, get_settings
 console = Console()
 err_console = Console(stderr=True)
 
+# ``--json PATH`` of the commands that measure something (arag bench, arag llm check).
+FiguresJson = Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")]
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -43,6 +48,13 @@ def load_settings(**overrides: Any) -> Settings:
         force=True,
     )
     return settings
+
+
+def write_figures(path: Path | None, figures: BaseModel) -> None:
+    """Write ``figures`` as JSON to ``path`` and say so; nothing without a path."""
+    if path:
+        path.write_text(figures.model_dump_json(indent=2))
+        console.print(f"wrote {path}")
 
 
 def check_text_args(values: dict[str, Any]) -> None:

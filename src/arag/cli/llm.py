@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from arag.cli.common import console, handle_errors, load_settings
+from arag.cli.common import FiguresJson, console, handle_errors, load_settings
 
 llm_app = typer.Typer(no_args_is_help=True)
 
@@ -29,7 +28,7 @@ def check_cmd(
     ] = 600,
     max_tokens: Annotated[int, typer.Option(help="Tokens to generate.")] = 48,
     threads: Annotated[int | None, typer.Option(help="Threads (default ARAG_LLM__THREADS).")] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON.")] = None,
+    json_out: FiguresJson = None,
 ) -> None:
     """Run the local model once, in its own process, on a long prompt: prefill and generation speed,
     the build's instruction sets; a crash is reported with its signal and the fix (exit 5)."""

@@ -17,6 +17,16 @@ if TYPE_CHECKING:
 
 train_app = typer.Typer(no_args_is_help=True)
 
+# The options both trainers take alike (their defaults stay in each command).
+TrainQuestions = Annotated[Path | None, typer.Option(help="QASPER training questions (default: train).")]
+Layers = Annotated[int, typer.Option(help="MiniLM layers kept (1-6): fewer is faster.")]
+Lr = Annotated[float, typer.Option(help="Learning rate of the MiniLM layers.")]
+HeadLr = Annotated[float, typer.Option(help="Learning rate of the scoring head.")]
+Seed = Annotated[int, typer.Option(help="Seed for sampling and initialisation.")]
+TrainLimit = Annotated[int | None, typer.Option(help="Only the first N training questions.")]
+ValLimit = Annotated[int | None, typer.Option(help="Only the first N validation questions.")]
+Force = Annotated[bool, typer.Option("--force", help="Retrain even if a model is installed.")]
+
 
 def _qasper(name: str) -> Path:
     from arag.corpus.qasper_questions import default_questions_path
@@ -27,25 +37,25 @@ def _qasper(name: str) -> Path:
 @train_app.command("reranker")
 @handle_errors
 def train_reranker_cmd(
-    train: Annotated[Path | None, typer.Option(help="QASPER training questions (default: train).")] = None,
+    train: TrainQuestions = None,
     validation: Annotated[
         Path | None, typer.Option(help="QASPER questions to validate and calibrate on (default: validation).")
     ] = None,
-    layers: Annotated[int, typer.Option(help="MiniLM layers kept (1-6): fewer is faster.")] = 2,
+    layers: Layers = 2,
     max_length: Annotated[int, typer.Option(help="Word-pieces per (question, passage) pair.")] = 160,
     epochs: Annotated[float, typer.Option(help="Passes over the training questions.")] = 1.5,
     inference_max_length: Annotated[
         int, typer.Option(help="Word-pieces per pair at query time (shorter is faster; see bench reranker).")
     ] = 128,
-    lr: Annotated[float, typer.Option(help="Learning rate of the MiniLM layers.")] = 1e-4,
-    head_lr: Annotated[float, typer.Option(help="Learning rate of the scoring head.")] = 3e-3,
-    seed: Annotated[int, typer.Option(help="Seed for sampling and initialisation.")] = 0,
+    lr: Lr = 1e-4,
+    head_lr: HeadLr = 3e-3,
+    seed: Seed = 0,
     quantize: Annotated[
         str, typer.Option(help="auto (int8 if it holds validation nDCG), int8 or fp32.")
     ] = "auto",
-    train_limit: Annotated[int | None, typer.Option(help="Only the first N training questions.")] = None,
-    val_limit: Annotated[int | None, typer.Option(help="Only the first N validation questions.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Retrain even if a model is installed.")] = False,
+    train_limit: TrainLimit = None,
+    val_limit: ValLimit = None,
+    force: Force = False,
     recalibrate: Annotated[
         bool,
         typer.Option(
@@ -127,23 +137,23 @@ def _report(card: ModelCard, headline: str) -> None:
 @train_app.command("support")
 @handle_errors
 def train_support_cmd(
-    train: Annotated[Path | None, typer.Option(help="QASPER training questions (default: train).")] = None,
+    train: TrainQuestions = None,
     validation: Annotated[
         Path | None, typer.Option(help="QASPER questions to measure and calibrate on (default: validation).")
     ] = None,
-    layers: Annotated[int, typer.Option(help="MiniLM layers kept (1-6): fewer is faster.")] = 2,
+    layers: Layers = 2,
     max_length: Annotated[int, typer.Option(help="Word-pieces per (claim, passage) pair.")] = 192,
     epochs: Annotated[float, typer.Option(help="Passes over the training answers.")] = 1.0,
-    lr: Annotated[float, typer.Option(help="Learning rate of the MiniLM layers.")] = 1e-4,
-    head_lr: Annotated[float, typer.Option(help="Learning rate of the scoring head.")] = 3e-3,
-    seed: Annotated[int, typer.Option(help="Seed for sampling and initialisation.")] = 0,
+    lr: Lr = 1e-4,
+    head_lr: HeadLr = 3e-3,
+    seed: Seed = 0,
     threads: Annotated[int, typer.Option(help="CPU threads for training and scoring.")] = 2,
     quantize: Annotated[
         str, typer.Option(help="auto (int8 if it holds validation AUC), int8 or fp32.")
     ] = "auto",
-    train_limit: Annotated[int | None, typer.Option(help="Only the first N training questions.")] = None,
-    val_limit: Annotated[int | None, typer.Option(help="Only the first N validation questions.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Retrain even if a model is installed.")] = False,
+    train_limit: TrainLimit = None,
+    val_limit: ValLimit = None,
+    force: Force = False,
     recalibrate: Annotated[
         bool,
         typer.Option(

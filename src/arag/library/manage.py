@@ -99,14 +99,17 @@ def build_library(
     return summary
 
 
-def open_for_building(settings: Settings) -> tuple[Store, BaseEmbedder]:
-    """The library's store and embedder, created empty when there is no library yet (the service
-    opens it so, and builds it in the background); a ConfigError when the embedding model changed."""
+def open_for_building(settings: Settings, embedder: BaseEmbedder | None = None) -> tuple[Store, BaseEmbedder]:
+    """The library's store and embedder (``embedder``, else the configured one), created empty when
+    there is no library yet (the service opens it so, and builds it in the background); a
+    ConfigError when the embedding model changed."""
     from arag.index.factory import open_store
     from arag.library.build import check_model
     from arag.models.factory import get_embedder
 
-    embedder = get_embedder(settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir)
+    embedder = embedder or get_embedder(
+        settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir
+    )
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     state = LibraryState(settings.state_db)
     try:
@@ -214,8 +217,11 @@ def open_for_search(settings: Settings) -> tuple[Store, BaseEmbedder]:
     return store, embedder
 
 
-def _open_search(settings: Settings, *, with_papers: bool) -> tuple[Store, BaseEmbedder, list[PaperRow]]:
-    """The store, the embedder and (``with_papers``) the papers, from one visit to the build state."""
+def _open_search(
+    settings: Settings, *, with_papers: bool, embedder: BaseEmbedder | None = None
+) -> tuple[Store, BaseEmbedder, list[PaperRow]]:
+    """The store, the embedder (``embedder``, else the configured one) and (``with_papers``) the
+    papers, from one visit to the build state."""
     from arag.index.factory import open_store
     from arag.models.factory import get_embedder
 
@@ -233,7 +239,9 @@ def _open_search(settings: Settings, *, with_papers: bool) -> tuple[Store, BaseE
             where="ARAG_DATA_DIR",
             fix="build it first: arag library build",
         )
-    embedder = get_embedder(settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir)
+    embedder = embedder or get_embedder(
+        settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir
+    )
     if embedder.model_id != model:
         raise InputError(
             f"the library was built with {model!r} but the settings select {embedder.model_id!r}",
@@ -309,19 +317,22 @@ def open_retrieval(
     reranker: Reranker | None = None,
     llm: LLM | None = None,
     allow_empty: bool = False,
+    embedder: BaseEmbedder | None = None,
 ) -> OpenRetrieval:
     """Open the built library for retrieval (one visit to the build state): use it in ``with``.
     ``reranker`` and ``llm`` are what ``.retriever`` uses (None: the configured reranker, no LLM);
-    ``allow_empty``: create the library when there is none yet (the service builds it behind)."""
+    ``allow_empty``: create the library when there is none yet (the service builds it behind);
+    ``embedder``: the query embedder (None: the configured one, with its cache), which must be the
+    model the library was built with."""
     if allow_empty:
-        store, embedder = open_for_building(settings)
+        store, embedder = open_for_building(settings, embedder)
         try:
             papers = list_papers(settings)
         except BaseException:
             store.close()
             raise
     else:
-        store, embedder, papers = _open_search(settings, with_papers=True)
+        store, embedder, papers = _open_search(settings, with_papers=True, embedder=embedder)
     try:
         return OpenRetrieval(settings, store, embedder, papers, reranker, llm)
     except BaseException:

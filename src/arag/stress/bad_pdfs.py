@@ -31,6 +31,8 @@ from arag.settings import find_shared_dir
 from arag.stress.bombs import page_bomb
 from arag.stress.common import (
     Echo,
+    build_overrides,
+    clear,
     cli_command,
     cli_env,
     library_settings,
@@ -190,9 +192,7 @@ def run_bad_pdf_test(
     library_settings(Path("unused"), embedder)  # invalid settings raise before any work
     work, temporary = make_workdir(workdir, "arag-stress-pdfs-")
     lib, bad_dir, logs = work / "library", work / "bad-pdfs", work / "logs"
-    for d in (lib, bad_dir, logs):
-        if d.exists():
-            shutil.rmtree(d)
+    clear(lib, bad_dir, logs)
     logs.mkdir(parents=True)
     if good_pdfs is None:
         shared = find_shared_dir()
@@ -201,7 +201,7 @@ def run_bad_pdf_test(
     good_files = sorted(good_pdfs.rglob("*.pdf")) if good_pdfs.is_dir() else [good_pdfs]
     problems: list[str] = []
     notes: list[str] = []
-    env = cli_env(lib, ARAG_EMBEDDING__PROVIDER=embedder, ARAG_CORPUS__MAX_PAPERS=str(papers))
+    env = cli_env(lib, **build_overrides(embedder, papers))
     settings = library_settings(lib, embedder)
 
     echo(f"building a library of {papers} QASPER papers in {lib}")

@@ -41,6 +41,32 @@ def cli_env(data_dir: Path, **overrides: str) -> dict[str, str]:
     return env
 
 
+def build_overrides(embedder: str, papers: int, papers_per_batch: int | None = None) -> dict[str, str]:
+    """The ``ARAG_*`` variables of a subprocess build of ``papers`` QASPER papers with ``embedder``
+    (``papers_per_batch``: the store's, None for the configured one); for :func:`cli_env`."""
+    overrides = {"ARAG_EMBEDDING__PROVIDER": embedder, "ARAG_CORPUS__MAX_PAPERS": str(papers)}
+    if papers_per_batch is not None:
+        overrides["ARAG_STORE__PAPERS_PER_BATCH"] = str(papers_per_batch)
+    return overrides
+
+
+def run_logged(cmd: list[str], env: dict[str, str], log: Path, cwd: Path, timeout_s: float) -> int | None:
+    """Run ``cmd`` to its end with its output in ``log``: its exit code, None when it ran past
+    ``timeout_s`` (it is killed then)."""
+    with log.open("wb") as out:
+        try:
+            return subprocess.run(cmd, env=env, stdout=out, stderr=out, cwd=cwd, timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def clear(*dirs: Path) -> None:
+    """Remove each folder that exists: a case run again in the same workdir starts clean."""
+    for d in dirs:
+        if d.exists():
+            shutil.rmtree(d)
+
+
 def library_settings(data_dir: Path, embedder: str, papers_per_batch: int | None = None) -> Settings:
     """The settings a subprocess run with :func:`cli_env` sees (same environment, same data dir)."""
     extra: dict = {"store": {"papers_per_batch": papers_per_batch}} if papers_per_batch else {}

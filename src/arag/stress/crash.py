@@ -36,6 +36,8 @@ from arag.settings import Settings
 from arag.stress.common import (
     Echo,
     LibrarySnapshot,
+    build_overrides,
+    clear,
     cli_command,
     cli_env,
     consistency_problems,
@@ -43,6 +45,7 @@ from arag.stress.common import (
     library_settings,
     make_workdir,
     quiet,
+    run_logged,
     snapshot,
     tail,
 )
@@ -201,13 +204,9 @@ def run_crash_test(
     library_settings(Path("unused"), embedder, papers_per_batch)  # invalid settings raise before any work
     work, temporary = make_workdir(workdir, "arag-stress-crash-")
     ref_dir, crash_dir, logs = work / "reference", work / "crashed", work / "logs"
-    for d in (ref_dir, crash_dir, logs):
-        if d.exists():
-            shutil.rmtree(d)
+    clear(ref_dir, crash_dir, logs)
     logs.mkdir(parents=True)
-    overrides = {"ARAG_EMBEDDING__PROVIDER": embedder, "ARAG_CORPUS__MAX_PAPERS": str(papers)}
-    if papers_per_batch is not None:
-        overrides["ARAG_STORE__PAPERS_PER_BATCH"] = str(papers_per_batch)
+    overrides = build_overrides(embedder, papers, papers_per_batch)
     ref_settings = library_settings(ref_dir, embedder, papers_per_batch)
     settings = library_settings(crash_dir, embedder, papers_per_batch)
     cmd = cli_command("library", "build")
@@ -303,15 +302,11 @@ def run_crash_test(
     echo("resuming to the end")
     final_log = logs / "final.log"
     t0 = time.perf_counter()
-    try:
-        with final_log.open("wb") as log:
-            done = subprocess.run(
-                cmd, env=cli_env(crash_dir, **overrides), stdout=log, stderr=log, cwd=work, timeout=timeout_s
-            )
-        if done.returncode != 0:
-            problems.append(f"the final resume exited with {done.returncode}: {tail(final_log)}")
-    except subprocess.TimeoutExpired:
+    code = run_logged(cmd, cli_env(crash_dir, **overrides), final_log, work, timeout_s)
+    if code is None:
         problems.append(f"the final resume did not finish in {timeout_s:.0f} s")
+    elif code != 0:
+        problems.append(f"the final resume exited with {code}: {tail(final_log)}")
     final_seconds = time.perf_counter() - t0
 
     final = snapshot(settings)

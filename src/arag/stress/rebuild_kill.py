@@ -22,11 +22,14 @@ from pydantic import BaseModel
 from arag.settings import Settings, find_shared_dir
 from arag.stress.common import (
     Echo,
+    build_overrides,
+    clear,
     cli_command,
     cli_env,
     consistency_problems,
     library_settings,
     quiet,
+    run_logged,
     snapshot,
     tail,
 )
@@ -79,14 +82,6 @@ def _pdf(pdf: Path | None) -> Path | None:
     return found[0] if found else None
 
 
-def _run(cmd: list[str], env: dict[str, str], log: Path, cwd: Path, timeout_s: float) -> int | None:
-    with log.open("wb") as out:
-        try:
-            return subprocess.run(cmd, env=env, stdout=out, stderr=out, cwd=cwd, timeout=timeout_s).returncode
-        except subprocess.TimeoutExpired:
-            return None
-
-
 def _check(settings: Settings, expected: set[str], pdf_id: str | None) -> tuple[list[str], int, int, bool]:
     """Problems of the library as it opens now, papers, chunks, and whether the PDF paper is in it."""
     snap = snapshot(settings)
@@ -119,14 +114,9 @@ def run_rebuild_kill_test(
     ``work``, time one rebuild, then SIGKILL ``kills`` rebuilds and check the library after each."""
     t_all = time.perf_counter()
     lib, logs = work / "rebuild-library", work / "rebuild-logs"
-    for d in (lib, logs):
-        if d.exists():
-            shutil.rmtree(d)
+    clear(lib, logs)
     logs.mkdir(parents=True)
-    overrides = {"ARAG_EMBEDDING__PROVIDER": embedder, "ARAG_CORPUS__MAX_PAPERS": str(papers)}
-    if papers_per_batch is not None:
-        overrides["ARAG_STORE__PAPERS_PER_BATCH"] = str(papers_per_batch)
-    env = cli_env(lib, **overrides)
+    env = cli_env(lib, **build_overrides(embedder, papers, papers_per_batch))
     settings = library_settings(lib, embedder, papers_per_batch)
     problems: list[str] = []
     source = _pdf(pdf)
@@ -164,7 +154,7 @@ def run_rebuild_kill_test(
         ("build", cli_command("library", "build")),
         ("add", cli_command("library", "add", str(copy))),
     ):
-        code = _run(cmd, env, logs / f"{name}.log", work, timeout_s)
+        code = run_logged(cmd, env, logs / f"{name}.log", work, timeout_s)
         if code != 0:
             problems.append(f"`arag library {name}` exited with {code}: {tail(logs / f'{name}.log')}")
             return report
@@ -177,7 +167,9 @@ def run_rebuild_kill_test(
 
     echo("rebuild case: a reference rebuild")
     t0 = time.perf_counter()
-    code = _run(cli_command("library", "build", "--rebuild"), env, logs / "reference.log", work, timeout_s)
+    code = run_logged(
+        cli_command("library", "build", "--rebuild"), env, logs / "reference.log", work, timeout_s
+    )
     report.reference_seconds = round(time.perf_counter() - t0, 3)
     if code != 0:
         problems.append(f"the reference rebuild exited with {code}: {tail(logs / 'reference.log')}")
@@ -246,7 +238,7 @@ def run_rebuild_kill_test(
 
     echo("rebuild case: a final rebuild to the end")
     t0 = time.perf_counter()
-    code = _run(cli_command("library", "build", "--rebuild"), env, logs / "final.log", work, timeout_s)
+    code = run_logged(cli_command("library", "build", "--rebuild"), env, logs / "final.log", work, timeout_s)
     report.final_seconds = round(time.perf_counter() - t0, 3)
     if code != 0:
         problems.append(f"the final rebuild exited with {code}: {tail(logs / 'final.log')}")

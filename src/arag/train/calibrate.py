@@ -1,71 +1,22 @@
-"""Scoring a reranker on labelled candidate lists: ranking metrics, the kept set's evidence F1, the
-bars that maximise it, and the score histogram recorded in the model card. Pure functions."""
+"""Calibrating the trained models on validation (the metrics are :mod:`arag.train.metrics`): the
+reranker's fusion weight and the bars that maximise the kept set's evidence F1, with the score
+histogram recorded in its model card; the support model's Platt scaling and its combination with
+the lexical overlap. Pure functions but for reading settings."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
 
-from arag.eval.retrieval import mrr_at, ndcg_at, recall_at
 from arag.models.reranker import Bars
-from arag.retrieval.rerank import combine, select_kept
-from arag.train.data import Candidates
-
-# One score per candidate, per question (lists or numpy arrays).
-ScoreLists = Sequence[Sequence[float] | np.ndarray]
-
-
-def reranked_order(scores: Sequence[float] | np.ndarray) -> list[int]:
-    """Candidate indices by score, best first; ties keep the fused order."""
-    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))
-
-
-def rank_metrics(cands: Sequence[Candidates], scores: ScoreLists) -> dict[str, float]:
-    """Mean Recall@5/10, nDCG@10 and MRR@10 of each list reordered by ``scores``."""
-    out: dict[str, list[float]] = {"recall@5": [], "recall@10": [], "ndcg@10": [], "mrr@10": []}
-    for c, s in zip(cands, scores, strict=True):
-        hits = [set(c.hits[i]) for i in reranked_order(s)]
-        out["recall@5"].append(recall_at(hits, c.n_gold, 5))
-        out["recall@10"].append(recall_at(hits, c.n_gold, 10))
-        out["ndcg@10"].append(ndcg_at(hits, c.n_gold, 10))
-        out["mrr@10"].append(mrr_at(hits, 10))
-    return {k: float(np.mean(v)) if v else 0.0 for k, v in out.items()}
-
-
-def kept_f1(
-    cands: Sequence[Candidates],
-    scores: ScoreLists,
-    bars: Bars | None,
-    *,
-    keep: int = 8,
-    supported_rank: int = 10,
-) -> dict[str, float]:
-    """Mean precision, recall and F1 of the kept chunks against the gold paragraphs (QASPER's
-    Evidence-F1 on chunks: a kept chunk is right when it holds part of a gold paragraph; an empty
-    kept set scores 0, since every question here has evidence), and the mean kept count."""
-    p_all, r_all, f_all, n_all = [], [], [], []
-    for c, s in zip(cands, scores, strict=True):
-        idx = select_kept(list(s), list(range(1, len(s) + 1)), bars, keep=keep, supported_rank=supported_rank)
-        n_all.append(len(idx))
-        if not idx:
-            p_all.append(0.0)
-            r_all.append(0.0)
-            f_all.append(0.0)
-            continue
-        good = sum(1 for i in idx if c.hits[i])
-        found = set().union(*(set(c.hits[i]) for i in idx))
-        p = good / len(idx)
-        r = len(found) / c.n_gold if c.n_gold else 0.0
-        p_all.append(p)
-        r_all.append(r)
-        f_all.append(2 * p * r / (p + r) if p + r else 0.0)
-    return {
-        "precision": float(np.mean(p_all)) if p_all else 0.0,
-        "recall": float(np.mean(r_all)) if r_all else 0.0,
-        "f1": float(np.mean(f_all)) if f_all else 0.0,
-        "kept_mean": float(np.mean(n_all)) if n_all else 0.0,
-    }
+from arag.retrieval.rerank import combine
+from arag.settings import Settings
+from arag.train.data import Candidates, SupportPair
+from arag.train.metrics import ScoreLists, auc, best_threshold, confusion, kept_f1, rank_metrics, rounded
 
 
 def calibrate_bars(
@@ -151,3 +102,113 @@ def fit_fusion_weight(
         sub = [cands[i] for i in held]
         crossed.append(rank_metrics(sub, combined_scores([scores[i] for i in held], w))["ndcg@10"])
     return weight, {"ndcg@10": ndcg, "ndcg@10_two_fold": float(np.mean(crossed)) if crossed else 0.0}
+
+
+class Calibration(BaseModel):
+    """The fusion weight and bars fit on validation, with the figures they give."""
+
+    fusion_weight: float
+    bars: Bars
+    validation: dict[str, Any]
+    calibration: dict[str, Any]
+
+
+def calibrate_reranker(
+    val: Sequence[Candidates], scores: Sequence[np.ndarray], settings: Settings
+) -> Calibration:
+    """Fit the fusion weight (nDCG@10), then the bars on the final scores (kept-set evidence F1)."""
+    rs = settings.rerank
+    weight, fit = fit_fusion_weight(val, scores)
+    final = combined_scores(scores, weight)
+    bars, kept = calibrate_bars(val, final, keep=rs.keep, supported_rank=rs.supported_rank)
+    return Calibration(
+        fusion_weight=weight,
+        bars=bars,
+        validation={
+            "final": rank_metrics(val, final),
+            "final_ndcg@10_two_fold": round(fit["ndcg@10_two_fold"], 4),
+            "kept_set": kept,
+            "kept_set_without_bars": kept_f1(
+                val, final, None, keep=rs.keep, supported_rank=rs.supported_rank
+            ),
+        },
+        calibration={
+            "method": "fusion weight: the grid value (0..4 by 0.1) of w in score - w * ln(fused rank) "
+            "with the best mean nDCG@10 on QASPER validation (two-fold cross-fit figure beside it); "
+            "bars: the (lower, upper) pair from quantiles of the final scores with the best mean "
+            "kept-set evidence F1",
+            "histogram": score_histogram(val, final, supported_rank=rs.supported_rank),
+        },
+    )
+
+
+# --- the support model ---------------------------------------------------------------------
+
+
+def fit_platt(scores: Sequence[float], labels: Sequence[bool], *, iters: int = 100) -> tuple[float, float]:
+    """(a, b) of p = sigmoid(a * score + b) by Newton's method on the log loss, with Platt's smoothed
+    targets (they keep the fit finite when the scores separate the labels)."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels, dtype=bool)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    t = np.where(y, (n_pos + 1) / (n_pos + 2), 1 / (n_neg + 2))
+    x = np.stack([s, np.ones_like(s)], axis=1)
+    w = np.array([0.0, np.log((n_pos + 1) / (n_neg + 1))])
+
+    def loss(w: np.ndarray) -> float:
+        z = x @ w
+        return float(np.sum(np.logaddexp(0, z) - t * z))
+
+    for _ in range(iters):
+        p = 1 / (1 + np.exp(-(x @ w)))
+        grad = x.T @ (p - t)
+        hess = x.T @ (x * (p * (1 - p))[:, None]) + 1e-9 * np.eye(2)
+        step = np.linalg.solve(hess, grad)
+        # Halve the step until the loss does not rise: plain Newton can overshoot from the start.
+        lr, current = 1.0, loss(w)
+        while lr > 1e-8 and loss(w - lr * step) > current:
+            lr /= 2
+        w = w - lr * step
+        if np.max(np.abs(lr * step)) < 1e-10:
+            break
+    return float(w[0]), float(w[1])
+
+
+def fit_combined(
+    pairs: Sequence[SupportPair], lexical: Sequence[float], logits: Sequence[float]
+) -> dict[str, Any]:
+    """Logistic regression of support on (lexical share, model logit, their product): the weights
+    fit on all pairs, and honest figures from a two-fold split by question (each half scored by a fit
+    on the other); the threshold is the best F1 of those out-of-fold probabilities."""
+    from sklearn.linear_model import LogisticRegression
+
+    from arag.agent.support import combined_probability
+
+    labels = np.array([p.supported for p in pairs])
+    x = np.c_[np.asarray(lexical, float), np.asarray(logits, float)]
+    x = np.c_[x, x[:, 0] * x[:, 1]]
+    fold = np.array([int(hashlib.sha256(p.question_id.encode()).hexdigest(), 16) % 2 for p in pairs])
+    oof = np.zeros(len(pairs))
+    for k in (0, 1):
+        m = LogisticRegression(C=1.0).fit(x[fold != k], labels[fold != k])
+        oof[fold == k] = m.predict_proba(x[fold == k])[:, 1]
+    full = LogisticRegression(C=1.0).fit(x, labels)
+    coef = [float(c) for c in full.coef_[0]]
+    intercept = float(full.intercept_[0])
+    threshold = best_threshold(oof.tolist(), labels.tolist())
+    # The installed weights score the pairs exactly as the verifier will (a check of the formula).
+    probs = [combined_probability(a, b, coef, intercept) for a, b in x[:, :2].tolist()]
+    return {
+        "method": "logistic regression on (lexical share, model logit, lexical * logit); threshold: best "
+        "F1 of two-fold out-of-fold probabilities (folds by question)",
+        "coef": coef,
+        "intercept": intercept,
+        "threshold": threshold,
+        "two_fold": {
+            "auc": round(auc(oof.tolist(), labels.tolist()), 4),
+            **rounded(confusion(oof.tolist(), labels.tolist(), threshold)),
+        },  # fmt: skip
+        "fit_auc": round(auc(probs, labels.tolist()), 4),
+        "auc_lexical": round(auc(list(lexical), labels.tolist()), 4),
+        "auc_model": round(auc(list(logits), labels.tolist()), 4),
+    }

@@ -8,6 +8,8 @@ For each QASPER question with text evidence:
   to the gold paper (same paper) and from the library-wide search the product runs (other papers).
 
 The mined set is cached as JSON in the data directory, keyed by the questions file and the library.
+The support model's records (:class:`SupportExample`, :class:`SupportPair`) are mined by
+:mod:`arag.train.support_pipeline`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel
 
@@ -28,7 +31,7 @@ from arag.records import ScoredChunk, SearchFilter
 from arag.retrieval.hybrid import HybridRetriever
 
 # Enough to hold every chunk of one paper (the longest QASPER paper has under 300).
-_PAPER_CHUNKS = 1000
+PAPER_CHUNKS = 1000
 MINED_FORMAT = 1
 
 
@@ -56,6 +59,33 @@ class Candidates(BaseModel):
     n_gold: int
 
 
+PairKind = Literal["evidence", "hard", "random", "other"]
+
+
+class SupportExample(BaseModel):
+    """One annotated answer's training material for the support model (texts as the cross-encoder
+    reads them)."""
+
+    question_id: str
+    hypothesis: str
+    answer: str
+    positives: list[str]
+    hard: list[str]
+    random: list[str]
+    other_papers: list[str]
+
+
+class SupportPair(BaseModel):
+    """A labelled (hypothesis, premise) pair of the support model's validation set."""
+
+    question_id: str
+    hypothesis: str
+    answer: str
+    premise: str
+    supported: bool
+    kind: PairKind
+
+
 def mine_question(
     q: EvalQuestion, retriever: HybridRetriever, resolving: HybridRetriever, *, negatives: int = 24
 ) -> MinedQuestion:
@@ -65,7 +95,7 @@ def mine_question(
     scoped = retriever.search(q.question, scope).fused
     wide = resolving.search(query).fused
     paper_chunks = retriever.store.dense_search(
-        retriever.embedder.embed_query(q.question), _PAPER_CHUNKS, scope
+        retriever.embedder.embed_query(q.question), PAPER_CHUNKS, scope
     )
     positive_ids = {
         h.chunk.id
