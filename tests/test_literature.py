@@ -12,18 +12,18 @@ import pytest
 
 from arag.agent import build_agent, prompts
 from arag.agent.deps import AgentDeps
-from arag.agent.literature import Point, addresses, focus_terms, group_points
+from arag.agent.literature import Point, about, addresses, focus_terms, group_points
 from arag.agent.planner import make_planner, plan_rules, protect, repair_ids, validate_llm_plan
 from arag.agent.reformulator import make_reformulator, reformulate_rules
 from arag.agent.state import Grade
 from arag.agent.support import LexicalSupport
-from arag.agent.terms import cited_numbers, strip_self_reference
+from arag.agent.terms import cited_numbers, entities, strip_self_reference
 from arag.eval.open import TitleAbstractBM25, precision_at, recall_at
 from arag.library.manage import load_resolver, open_for_search
 from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
 from arag.models.reranker import IdentityReranker
-from arag.records import Answer, Chunk, ScoredChunk
+from arag.records import Answer, Chunk, RankedPaper, ScoredChunk
 from arag.retrieval.hybrid import HybridRetriever
 from arag.retrieval.papers import PaperPool, aggregate_papers, rank_papers
 from arag.retrieval.pipeline import Retriever, make_reranking_retriever
@@ -71,6 +71,69 @@ def test_aggregate_papers_exact_order() -> None:
     assert papers[0].found_by == ["passages", "bm25"] and papers[1].found_by == ["abstracts", "passages"]
     # Only the first `hits` hits of a paper in one list count; the limit cuts the list.
     assert [p.paper_id for p in aggregate_papers(pool, hits=1, limit=2)] == ["B", "A"]
+
+
+def test_abstract_bm25_counts_as_abstract_evidence() -> None:
+    # C's abstract is also BM25's first abstract: 1/62 + 1/61 = 0.032523 puts it above D (BM25 over
+    # every chunk: 1/61 + 0.5/62 = 0.024458), and it is no passage hit; its abstract rank is the
+    # dense one.
+    pool = PaperPool(
+        abstracts=[_hit("A", 0, "abstract"), _hit("C", 0, "abstract")],
+        passages=[],
+        bm25=[_hit("D", 1), _hit("D", 2)],
+        abstract_bm25=[_hit("C", 0, "abstract")],
+    )
+    papers = aggregate_papers(pool, rrf_k=60, hits=3, limit=10)
+    assert [p.paper_id for p in papers] == ["C", "D", "A"]
+    assert papers[0].score == pytest.approx(1 / 62 + 1 / 61, abs=1e-6)
+    assert papers[0].passage_hits == 0 and papers[0].abstract_rank == 2
+    assert papers[0].found_by == ["abstracts", "abstract_bm25"]
+
+
+def test_rank_papers_carries_the_abstract_an_abstract_search_found() -> None:
+    pool = PaperPool(
+        abstracts=[_hit("A", 0, "abstract")],
+        passages=[_hit("B", 4), _hit("A", 2)],
+        bm25=[],
+        abstract_bm25=[_hit("A", 0, "abstract")],
+    )
+    papers = rank_papers("q", pool, IdentityReranker(), RetrievalSettings())
+    assert {p.paper_id: p.abstract for p in papers} == {"A": "text A 0", "B": None}
+
+
+def _paper(title: str, abstract: str | None) -> RankedPaper:
+    return RankedPaper(paper_id="p", title=title, rank=1, score=1.0, abstract=abstract)
+
+
+def test_about_needs_the_topic_in_the_title_or_abstract() -> None:
+    fifa = "Which team won the 2018 FIFA World Cup?"
+    terms, names = focus_terms(fifa), entities(strip_self_reference(fifa))
+    assert names == ["FIFA"]
+    linking = _paper(
+        "Joint Entity Linking with Deep Reinforcement Learning",
+        "Entity linking maps mentions in text to entities of a knowledge base, in the real world.",
+    )
+    assert not about(linking, terms, names)  # "world" alone: one of five terms, no name
+    assert about(_paper("Predicting FIFA match results", "We model football."), terms, names)
+    # A generic acronym the abstract does not spell out: half the terms will do.
+    code = "How do NLP systems handle code-mixed text that switches between languages?"
+    cterms, cnames = focus_terms(code), entities(code)
+    assert cnames == ["NLP"]
+    mixed = _paper("Code-switching", "Text that mixes two languages, code-switched, is hard to handle.")
+    assert about(mixed, cterms, cnames)
+    # Without names one term in the title or abstract is enough; no abstract found: not about it.
+    humour = focus_terms("How can computers recognise or generate humour?")
+    assert about(_paper("Humour generation with templates", "Jokes."), humour, [])
+    assert not about(_paper("Humour generation with templates", None), humour, [])
+    assert not about(_paper("Parsing", "Dependency parsing of tweets."), humour, [])
+
+
+def test_question_answering_is_a_topic_of_an_open_question() -> None:
+    # "question" and "answer" are generic in a question about one paper, not in this one.
+    terms = focus_terms("Summarise what the library says about BERT fine-tuning for question answering.")
+    assert terms == ["bert", "fine", "tune", "question", "answer"]
+    assert "question" in focus_terms("Which models answer natural language questions over tables?")
+    assert "question" not in focus_terms("How is sarcasm detected?")
 
 
 def test_rank_papers_keeps_each_papers_best_passages() -> None:

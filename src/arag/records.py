@@ -144,7 +144,13 @@ class RankedChunk(ScoredChunk):
     fused_score: float
     rerank_score: float | None = Field(default=None, description="the model's raw score; None: no reranker")
     floored: bool = Field(default=False, description="raised to the lower bar: a canonical paper's chunk")
-    found_by: list[str] = Field(default_factory=list, description="abstracts, passages, bm25")
+    found_by: list[str] = Field(
+        default_factory=list,
+        description="the searches that found it: abstracts, passages, bm25, abstract_bm25",
+    )
+    abstract: str | None = Field(
+        default=None, description="its abstract's text, when a search over abstracts found it"
+    )
 
 
 class RankedPaper(BaseModel):
@@ -160,7 +166,13 @@ class RankedPaper(BaseModel):
     abstract_rank: int | None = Field(default=None, description="rank of its abstract in the abstract search")
     passage_hits: int = Field(default=0, description="its chunks among the passage and BM25 candidates")
     best_rerank: float | None = Field(default=None, description="the reranker's best score of its passages")
-    found_by: list[str] = Field(default_factory=list, description="abstracts, passages, bm25")
+    found_by: list[str] = Field(
+        default_factory=list,
+        description="the searches that found it: abstracts, passages, bm25, abstract_bm25",
+    )
+    abstract: str | None = Field(
+        default=None, description="its abstract's text, when a search over abstracts found it"
+    )
     passages: list[RankedChunk] = Field(default_factory=list, description="its best chunks, best first")
 
 

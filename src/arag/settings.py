@@ -136,6 +136,7 @@ class RetrievalSettings(BaseModel):
     paper_abstract_k: int = 40
     paper_passage_k: int = 80
     paper_bm25_k: int = 80
+    paper_abstract_bm25: bool = True
     papers_k: int = 10
     # Hits of one paper that count towards its score (each worth half the one before), and the best
     # of its chunks that are reranked and kept for it.

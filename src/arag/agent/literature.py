@@ -34,6 +34,7 @@ from arag.agent.terms import (
     strip_self_reference,
     term_words,
 )
+from arag.records import RankedPaper
 from arag.text import tokenize
 
 # Words of an open question's frame ("how do researchers usually ...") that no passage needs to hold.
@@ -83,6 +84,7 @@ _CUE = re.compile(
 _ANAPHORA = re.compile(r"^\W*(?:it|this|these|those|they|such|there|however|thus|hence|therefore)\b", re.I)
 POINT_MIN_WORDS, POINT_MAX_WORDS = 6, 60
 _REFERS_BACK = re.compile(r"\b(?:it|its|they|their|them|this\s+paper|these\s+papers|the\s+paper)\b", re.I)
+_QA_TOPIC = re.compile(r"\bquestion[- ]answering\b|\banswer(?:s|ing)?\s+(?:\w+\s+){0,2}questions\b", re.I)
 # Share of the focus terms a paper's passages must hold to address the question.
 ADDRESS_COVERAGE = 0.5
 MAX_GROUPS = 4
@@ -101,8 +103,27 @@ class Point(BaseModel):
 
 def focus_terms(question: str) -> list[str]:
     """The key terms a paper must hold to address an open question: the question's, less its frame
-    and any words about the assistant itself."""
-    return [t for t in key_terms(strip_self_reference(question)) if t not in _FRAME]
+    and any words about the assistant itself. "Question answering" is a topic here, though "question"
+    and "answer" are generic words in a question about one paper."""
+    terms = [t for t in key_terms(strip_self_reference(question)) if t not in _FRAME]
+    if _QA_TOPIC.search(question):
+        terms += [t for t in tokenize("question answering") if t not in terms]
+    return terms
+
+
+def about(paper: RankedPaper, terms: Sequence[str], names: Sequence[str]) -> bool:
+    """Whether the question is a paper's subject, not an example in one of its passages: an abstract
+    search found it, and its title or abstract holds one of the question's terms; when the question
+    has names, one of them or half its terms ("NLP" is rarely written in a code-mixing abstract).
+    "Which team won the 2018 FIFA World Cup?" met by an entity-linking paper's example passage is
+    not a topic of the library."""
+    if paper.abstract is None:
+        return False
+    text = f"{paper.title} {paper.abstract}"
+    held = set(tokenize(text))
+    if names:
+        return any(has_entity(e, text.lower()) for e in names) or coverage(terms, held) >= ADDRESS_COVERAGE
+    return not terms or bool(set(terms) & held)
 
 
 def addresses(texts: Sequence[str], terms: Sequence[str], names: Sequence[str]) -> bool:
@@ -149,6 +170,8 @@ def addressing_parts(
                 continue
             top = max((p.score for p in r.papers), default=0.0)
             for p in r.papers:
+                if not about(p, terms, names):
+                    continue
                 key = (r.pass_index, p.rank)
                 if p.paper_id not in best or key < best[p.paper_id]:
                     best[p.paper_id] = key

@@ -144,6 +144,9 @@ class HybridRetriever:
                 if wide_passage
                 else [],
                 bm25=self.store.sparse_search(terms, s.paper_bm25_k, flt) if terms.indices else [],
+                abstract_bm25=self.store.sparse_search(terms, s.paper_abstract_k, wide_abstract)
+                if terms.indices and wide_abstract and s.paper_abstract_bm25
+                else [],
             )
         return HybridResult(
             fused=fused,

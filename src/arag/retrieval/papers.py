@@ -25,6 +25,8 @@ from arag.settings import RetrievalSettings
 
 # Each further hit of one paper counts this much of the one before.
 HIT_DECAY = 0.5
+# The searches over abstracts only (one chunk a paper, so no further hits to count).
+ABSTRACT_LISTS = ("abstracts", "abstract_bm25")
 
 
 class PaperPool(BaseModel):
@@ -33,9 +35,17 @@ class PaperPool(BaseModel):
     abstracts: list[ScoredChunk]
     passages: list[ScoredChunk]
     bm25: list[ScoredChunk]
+    # BM25 over the abstracts alone: a paper whose abstract uses the question's terms is about them,
+    # though its passages' many hits on other words push it down the BM25 list over every chunk.
+    abstract_bm25: list[ScoredChunk] = []
 
     def lists(self) -> dict[str, list[ScoredChunk]]:
-        return {"abstracts": self.abstracts, "passages": self.passages, "bm25": self.bm25}
+        return {
+            "abstracts": self.abstracts,
+            "passages": self.passages,
+            "bm25": self.bm25,
+            "abstract_bm25": self.abstract_bm25,
+        }
 
 
 def aggregate_papers(
@@ -56,9 +66,9 @@ def aggregate_papers(
             title.setdefault(pid, hit.chunk.title)
             j = seen.get(pid, 0)
             seen[pid] = j + 1
-            if name != "abstracts":
+            if name not in ABSTRACT_LISTS:
                 counted[pid] = counted.get(pid, 0) + 1
-            elif pid not in abstract_rank:
+            elif name == "abstracts" and pid not in abstract_rank:
                 abstract_rank[pid] = pos
             if j >= hits:
                 continue
@@ -131,10 +141,22 @@ def rank_papers(
             )
         ranked.sort(key=lambda c: (-c.score, c.fused_rank))
         best = max((c.rerank_score for c in ranked if c.rerank_score is not None), default=None)
-        out.append(
-            p.model_copy(update={"passages": ranked[: settings.passages_per_paper], "best_rerank": best})
-        )
+        update = {"passages": ranked[: settings.passages_per_paper], "best_rerank": best}
+        out.append(p.model_copy(update={**update, "abstract": abstract_text(pool, p.paper_id)}))
     return out
+
+
+def abstract_text(pool: PaperPool, paper_id: str) -> str | None:
+    """The paper's abstract, when a search over abstracts found it (its parts joined, in order)."""
+    parts = {
+        h.chunk.id: h.chunk
+        for name in ABSTRACT_LISTS
+        for h in pool.lists()[name]
+        if h.chunk.paper_id == paper_id
+    }
+    if not parts:
+        return None
+    return " ".join(c.text for c in sorted(parts.values(), key=lambda c: c.index))
 
 
 def paper_ids(papers: Sequence[RankedPaper]) -> list[str]:
