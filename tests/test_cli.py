@@ -78,6 +78,24 @@ def test_bench_build_writes_figures(
     assert r["build_seconds"] > r["noop_build_seconds"] > 0
 
 
+def test_bench_build_against_the_weights_model_in_the_same_run(
+    monkeypatch: pytest.MonkeyPatch, qasper_path: Path, tmp_path: Path
+) -> None:
+    # The default embedder (dynamic int8 MiniLM) on 2 papers, then the same papers with the packaged
+    # weights model: both builds timed, the ratio reported, and each model's library its own.
+    monkeypatch.setenv("ARAG_TOPICS__K", "2")
+    out = tmp_path / "bench.json"
+    args = ["bench", "build", "--papers", "2", "--embed-sample", "40", "--baseline-build", "--json", str(out)]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    r = json.loads(out.read_text())
+    assert r["build"]["chunks_added"] > 0 and r["baseline_build_seconds"] > 0
+    assert r["baseline_model"] == "all-MiniLM-L6-v2-onnx-int8"
+    assert r["build_speedup"] == pytest.approx(r["baseline_build_seconds"] / r["build_seconds"])
+    assert r["embedding"]["baseline"] == "all-MiniLM-L6-v2-onnx-int8" and r["embedding"]["texts"] == 40
+    assert "same papers, baseline model" in res.output
+
+
 @pytest.mark.parametrize(
     "args",
     [
