@@ -287,7 +287,8 @@ def test_validate_llm_plan() -> None:
 
 
 def test_planner_node_llm_json_and_fallback() -> None:
-    q = "Compare the ontology induction and the paraphrase generation"
+    # The rules cannot split this one (the "and" joins the subject): the LLM is asked.
+    q = "How do ontology induction and paraphrase generation relate?"
     good = ScriptedLLM(
         ['{"kind": "compound", "sub_queries": ["ontology induction", "paraphrase generation"]}']
     )
@@ -297,8 +298,15 @@ def test_planner_node_llm_json_and_fallback() -> None:
     assert good.calls[0][0].content == prompts.PLANNER_SYSTEM
     bad = ScriptedLLM(["Sure! Here are the sub-queries: ontology, paraphrase"])
     step = make_planner(_deps(bad))({"question": q})
-    assert step.update["plan"] == ["the ontology induction", "the paraphrase generation"]
+    assert step.update["plan"] == [q]
     assert "rules (LLM reply unusable)" in step.decision
+    # A split the rules find is kept, and costs no LLM call.
+    unused = ScriptedLLM([])
+    step = make_planner(_deps(unused))(
+        {"question": "Compare the ontology induction and the paraphrase generation"}
+    )
+    assert step.update["plan"] == ["the ontology induction", "the paraphrase generation"]
+    assert unused.calls == [] and step.decision == "compound: 2 sub-queries (rules); answer type free_form"
     # A question that does not look compound costs no LLM call.
     quiet = ScriptedLLM([])
     step = make_planner(_deps(quiet))({"question": "Do they use Wikipedia?"})
@@ -632,6 +640,14 @@ def test_synthesizer_answer_type_checks() -> None:
     over = _check("Short answer: Unanswerable\nExplanation: The passages do not say.", "span", question=q)
     assert over.mode == "extractive" and "[1]" in over.explanation
     assert _check("Short answer: unanswerable", "span", Grade(verdict="partial"), q).mode == "abstain"
+
+
+def test_an_explanation_of_markers_alone_makes_the_short_answer_the_claim() -> None:
+    # The 1.5B on "Which multilingual approaches are compared in 1912.01214?" wrote this: the answer
+    # was right and cited, but the verifier found no claim in "[2]" and the agent abstained.
+    d = _check("Short answer: Wikipedia pages\nExplanation: [1]", "span", question="What is it trained on?")
+    assert d.short_answer == "Wikipedia pages" and d.explanation == "Wikipedia pages [1]"
+    assert _check("Short answer: Wikipedia pages\nExplanation: [1] [9].").explanation == "Wikipedia pages [1]"
 
 
 def test_extractive_draft() -> None:

@@ -23,7 +23,6 @@ from pydantic import BaseModel, ConfigDict
 from arag.agent.answer_type import strip_lead
 from arag.agent.state import ContextPassage, Evidence, Grade, PaperPart, QueryPapers
 from arag.agent.terms import (
-    coverage,
     entities,
     has_entity,
     key_terms,
@@ -85,6 +84,9 @@ _ANAPHORA = re.compile(r"^\W*(?:it|this|these|those|they|such|there|however|thus
 POINT_MIN_WORDS, POINT_MAX_WORDS = 6, 60
 _REFERS_BACK = re.compile(r"\b(?:it|its|they|their|them|this\s+paper|these\s+papers|the\s+paper)\b", re.I)
 _QA_TOPIC = re.compile(r"\bquestion[- ]answering\b|\banswer(?:s|ing)?\s+(?:\w+\s+){0,2}questions\b", re.I)
+# Share of the focus terms a paper's title and abstract must hold for the question to be its subject
+# (a third: "replace" alone is not what "How do I replace the brake pads on a bicycle?" is about).
+ABOUT_COVERAGE = 1 / 3
 # Share of the focus terms a paper's passages must hold to address the question.
 ADDRESS_COVERAGE = 0.5
 MAX_GROUPS = 4
@@ -111,10 +113,31 @@ def focus_terms(question: str) -> list[str]:
     return terms
 
 
+def spellings(term: str) -> set[str]:
+    """A stemmed term and its American stems: a question in British English ("humour", "recognise")
+    must find papers written in American English ("humor", "recognize")."""
+    out = {term}
+    if term.endswith("our"):
+        out.add(term[:-3] + "or")
+    if term.endswith("is"):
+        out |= {term[:-2], term[:-2] + "iz"}
+    if term.endswith("ys"):
+        out.add(term[:-2] + "yz")
+    return out
+
+
+def held_share(terms: Sequence[str], held: set[str]) -> float:
+    """Share of ``terms`` found in ``held`` in any of their spellings (1.0 with no terms)."""
+    if not terms:
+        return 1.0
+    return sum(bool(spellings(t) & held) for t in terms) / len(terms)
+
+
 def about(paper: RankedPaper, terms: Sequence[str], names: Sequence[str]) -> bool:
     """Whether the question is a paper's subject, not an example in one of its passages: an abstract
-    search found it, and its title or abstract holds one of the question's terms; when the question
-    has names, one of them or half its terms ("NLP" is rarely written in a code-mixing abstract).
+    search found it, and its title or abstract holds a third of the question's terms; when the
+    question has names, one of them or half its terms ("NLP" is rarely written in a code-mixing
+    abstract).
     "Which team won the 2018 FIFA World Cup?" met by an entity-linking paper's example passage is
     not a topic of the library."""
     if paper.abstract is None:
@@ -122,8 +145,8 @@ def about(paper: RankedPaper, terms: Sequence[str], names: Sequence[str]) -> boo
     text = f"{paper.title} {paper.abstract}"
     held = set(tokenize(text))
     if names:
-        return any(has_entity(e, text.lower()) for e in names) or coverage(terms, held) >= ADDRESS_COVERAGE
-    return not terms or bool(set(terms) & held)
+        return any(has_entity(e, text.lower()) for e in names) or held_share(terms, held) >= ADDRESS_COVERAGE
+    return held_share(terms, held) >= ABOUT_COVERAGE
 
 
 def addresses(texts: Sequence[str], terms: Sequence[str], names: Sequence[str]) -> bool:
@@ -137,7 +160,7 @@ def addresses(texts: Sequence[str], terms: Sequence[str], names: Sequence[str]) 
     # With one or two terms, half is a single word: "the capital of Australia" met by a GeoQA paper's
     # "capital-of" relation. A short question's terms must all be there.
     needed = 1.0 if len(terms) <= 2 else ADDRESS_COVERAGE
-    return coverage(terms, set(tokenize(joined))) >= needed
+    return held_share(terms, set(tokenize(joined))) >= needed
 
 
 def paper_texts(paper_id: str, evidence: Sequence[Evidence]) -> list[str]:

@@ -240,7 +240,10 @@ def make_planner(deps: AgentDeps):
         answer_type = detect_answer_type(question)
         how = "rules"
         subs = plan_rules(question, settings.max_sub_queries)
-        if deps.llm is not None and settings.plan_with_llm and looks_compound(question):
+        # A split the rules found is the question's own words, part by part; the LLM is asked only when
+        # they found none (it rewrote "... and for joint ontology and semantic parser learning" into
+        # "... learning datasets for NMT", a part the user did not ask).
+        if deps.llm is not None and settings.plan_with_llm and len(subs) < 2 and looks_compound(question):
             reply = ask_json(
                 deps.llm,
                 prompts.PLANNER_SYSTEM,

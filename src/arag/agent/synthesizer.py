@@ -22,6 +22,7 @@ from arag.agent.hooks import current_hooks
 from arag.agent.literature import format_points, literature_groups, literature_short_answer
 from arag.agent.state import AgentState, ContextPassage, Draft, Grade, Step
 from arag.agent.terms import (
+    cited_numbers,
     clean_citations,
     key_terms,
     sentences,
@@ -161,10 +162,12 @@ def check_llm_draft(
         # A small model copied the format's description ("the exact words from a passage") instead of
         # answering: no short answer, the passages supply one below.
         short_raw = ""
-    if not explanation.strip() and short_raw.strip():
-        # Small models often answer on the short-answer line alone: it is the explanation too, so the
-        # verifier has a claim to check (and an uncited supported claim gets its best passage).
-        explanation = short_raw
+    if short_raw.strip() and not key_terms(strip_citations(explanation)):
+        # Small models often answer on the short-answer line alone, or explain with a marker alone
+        # ("Explanation: [2]"): the short answer is the claim, with those markers, so the verifier has
+        # something to check (and an uncited supported claim gets its best passage).
+        markers = "".join(f"[{n}]" for n in cited_numbers(explanation))
+        explanation = f"{short_raw.strip()} {markers}".strip()
     explanation, removed = clean_citations(strip_placeholders(explanation), range(1, len(passages) + 1))
     explanation = " ".join(explanation.split())
     short = normalize_short_answer(short_raw, answer_type)
