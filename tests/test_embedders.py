@@ -357,9 +357,9 @@ def test_onnx_rejects_bad_settings() -> None:
 
 
 @pytest.mark.real_models
-def test_int8_onnx_matches_fp32_reference(
-    onnx: OnnxMiniLMEmbedder, fp32_reference: BaseEmbedder, paragraphs: list[str]
-) -> None:
+def test_int8_onnx_matches_fp32_reference(fp32_reference: BaseEmbedder, paragraphs: list[str]) -> None:
+    # The packaged file as it is (int8 weights, fp32 maths): the fp32 model's vectors and rankings.
+    onnx = OnnxMiniLMEmbedder(EmbeddingSettings(int8="weights"))
     assert len(paragraphs) == 50
     assert fp32_reference.model_id.startswith("local:") and fp32_reference.dim == 384
     a = onnx.embed(paragraphs)
@@ -382,6 +382,20 @@ def test_int8_onnx_matches_fp32_reference(
         for i, j in itertools.combinations(range(len(paragraphs)), 2):
             if abs(sb[q, i] - sb[q, j]) > 0.02:
                 assert (sa[q, i] > sa[q, j]) == (sb[q, i] > sb[q, j]), (queries[q], i, j)
+
+
+@pytest.mark.real_models
+def test_dynamic_int8_keeps_the_fp32_models_top_passage(
+    onnx: OnnxMiniLMEmbedder, fp32_reference: BaseEmbedder, paragraphs: list[str]
+) -> None:
+    # The default (int8 arithmetic) is close, not equal: its retrieval was measured on QASPER
+    # validation instead (nDCG@10 within 0.002, README *Figures*); here each query's best passage.
+    a, b = onnx.embed(paragraphs), fp32_reference.embed(paragraphs)
+    cos = _cos(a, b)
+    assert cos.min() >= 0.97 and cos.mean() >= 0.99, (cos.min(), cos.mean())
+    queries = ["question answering over research papers", "named entity recognition datasets"]
+    qa, qb = onnx.embed(queries), fp32_reference.embed(queries)
+    assert [int(x) for x in (qa @ a.T).argmax(1)] == [int(x) for x in (qb @ b.T).argmax(1)]
 
 
 # ---------------------------------------------------------------------------------------------
