@@ -25,6 +25,7 @@ from arag.agent.state import ContextPassage, Evidence, Grade, PaperPart, QueryPa
 from arag.agent.terms import (
     entities,
     has_entity,
+    held_share,
     key_terms,
     sentences,
     strip_citations,
@@ -111,26 +112,6 @@ def focus_terms(question: str) -> list[str]:
     if _QA_TOPIC.search(question):
         terms += [t for t in tokenize("question answering") if t not in terms]
     return terms
-
-
-def spellings(term: str) -> set[str]:
-    """A stemmed term and its American stems: a question in British English ("humour", "recognise")
-    must find papers written in American English ("humor", "recognize")."""
-    out = {term}
-    if term.endswith("our"):
-        out.add(term[:-3] + "or")
-    if term.endswith("is"):
-        out |= {term[:-2], term[:-2] + "iz"}
-    if term.endswith("ys"):
-        out.add(term[:-2] + "yz")
-    return out
-
-
-def held_share(terms: Sequence[str], held: set[str]) -> float:
-    """Share of ``terms`` found in ``held`` in any of their spellings (1.0 with no terms)."""
-    if not terms:
-        return 1.0
-    return sum(bool(spellings(t) & held) for t in terms) / len(terms)
 
 
 def about(paper: RankedPaper, terms: Sequence[str], names: Sequence[str]) -> bool:

@@ -144,6 +144,28 @@ def coverage(terms: Iterable[str], passage_terms: set[str]) -> float:
     return sum(t in passage_terms for t in ts) / len(ts)
 
 
+def spellings(term: str) -> set[str]:
+    """A stemmed term and its American stems: a question in British English ("humour", "recognise")
+    must find papers written in American English ("humor", "recognize")."""
+    out = {term}
+    if term.endswith("our"):
+        out.add(term[:-3] + "or")
+    if term.endswith("is"):
+        out |= {term[:-2], term[:-2] + "iz"}
+    if term.endswith("ys"):
+        out.add(term[:-2] + "yz")
+    return out
+
+
+def held_share(terms: Iterable[str], held: set[str]) -> float:
+    """Like :func:`coverage`, a term counting in any of its :func:`spellings` (the open-question
+    checks use it; one-paper answers keep :func:`coverage`, as they were measured)."""
+    ts = list(terms)
+    if not ts:
+        return 1.0
+    return sum(bool(spellings(x) & held) for x in ts) / len(ts)
+
+
 # Sentences of a passage that address the model rather than the reader: retrieved text is data, and
 # an instruction inside it ("ignore previous instructions and answer X") must never reach the LLM as
 # one, nor count as support for X. Narrow on purpose: a paper that *discusses* prompts is rarely

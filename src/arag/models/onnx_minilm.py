@@ -8,9 +8,9 @@ L2-normalise, exactly as the sentence-transformers model does.
 The packaged int8 is weight-only (int8 initialisers with a Cast and Mul to float): ORT's constant
 folding turns them back into float32 weights at load, so its matmuls run in fp32. The default
 (``int8="dynamic"``) re-quantises that graph once, per output channel, into int8 MatMulInteger with
-activations quantised per batch, and keeps the result under the data directory: about 1.7x faster
-on 2 cores. Per tensor it is as fast but far less faithful (cosine to fp32 0.87 min on real
-paragraphs, against 0.98 per channel).
+activations quantised per run, keeps the result under the data directory, and runs one text a run
+(so no text's vector depends on another's): 2.7x the build's texts/s on 2 cores. Per tensor it is
+as fast but far less faithful (cosine to fp32 0.87 min on real paragraphs, against 0.98 per channel).
 """
 
 from __future__ import annotations

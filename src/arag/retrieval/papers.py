@@ -148,12 +148,8 @@ def rank_papers(
 
 def abstract_text(pool: PaperPool, paper_id: str) -> str | None:
     """The paper's abstract, when a search over abstracts found it (its parts joined, in order)."""
-    parts = {
-        h.chunk.id: h.chunk
-        for name in ABSTRACT_LISTS
-        for h in pool.lists()[name]
-        if h.chunk.paper_id == paper_id
-    }
+    found = [*pool.abstracts, *pool.abstract_bm25]
+    parts = {h.chunk.id: h.chunk for h in found if h.chunk.paper_id == paper_id}
     if not parts:
         return None
     return " ".join(c.text for c in sorted(parts.values(), key=lambda c: c.index))

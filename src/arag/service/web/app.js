@@ -763,6 +763,20 @@ async function ask(raw) {
 }
 
 // A question asked from elsewhere on the page (a topic of the map): over the whole library.
+// A paper's actions (the library list and the map): ask about it, then its summary and related work.
+function paperActions(d, out, buttonClass) {
+  return el("div", { class: "paper-actions" },
+    el("button", {
+      type: "button", class: buttonClass,
+      onclick: () => {
+        setScope([d.id], { [d.id]: d.title });
+        selectTab("ask");
+        $("#question").focus();
+      },
+    }, "Ask about this paper"),
+    ...paperToolButtons(d.id, out));
+}
+
 function askAbout(question) {
   setScope([]);
   const q = $("#question");
@@ -941,16 +955,7 @@ function paperItem(p) {
             d.topic_label ? el("p", { class: "muted small" }, `Topic: ${d.topic_label}`) : null,
             el("h3", { class: "abstract-h", text: "Abstract" }),
             el("p", { class: "abstract", text: (d.abstract || "").trim() || "(no abstract)" }),
-            el("div", { class: "paper-actions" },
-              el("button", {
-                type: "button", class: "btn",
-                onclick: () => {
-                  setScope([d.id], { [d.id]: d.title });
-                  selectTab("ask");
-                  $("#question").focus();
-                },
-              }, "Ask about this paper"),
-              ...paperToolButtons(d.id, out)),
+            paperActions(d, out, "btn"),
             out,
           ].filter(Boolean));
         } catch (exc) {
@@ -1120,4 +1125,4 @@ function init() {
 
 init();
 
-export { $, api, arxivLink, askAbout, el, selectTab, setScope, showError, tabLoaders };
+export { $, api, arxivLink, askAbout, el, paperActions, selectTab, setScope, showError, tabLoaders };

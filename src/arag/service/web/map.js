@@ -2,8 +2,8 @@
 // computed when the library is built), coloured by topic, topic labels at their centres. Hover a dot
 // for its title; click it to open the paper; click a topic to ask about it. Plain SVG.
 
-import { $, api, arxivLink, askAbout, el, selectTab, setScope, showError, tabLoaders } from "./app.js";
-import { paperToolButtons, toolOutput } from "./papertools.js";
+import { $, api, arxivLink, askAbout, el, paperActions, showError, tabLoaders } from "./app.js";
+import { toolOutput } from "./papertools.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 const W = 1000;
@@ -85,16 +85,7 @@ function openPaper(id) {
         d.topic_label ? el("span", { text: `Topic: ${d.topic_label}` }) : null,
         arxivLink(d.id, "arXiv")),
       el("p", { class: "abstract", text: (d.abstract || "").trim() || "(no abstract)" }),
-      el("div", { class: "paper-actions" },
-        el("button", {
-          type: "button", class: "btn btn-primary",
-          onclick: () => {
-            setScope([d.id], { [d.id]: d.title });
-            selectTab("ask");
-            $("#question").focus();
-          },
-        }, "Ask about this paper"),
-        ...paperToolButtons(d.id, out)),
+      paperActions(d, out, "btn btn-primary"),
       out);
   }).catch((exc) => {
     pane.replaceChildren();
