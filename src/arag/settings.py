@@ -171,6 +171,19 @@ class RerankSettings(BaseModel):
     canonical_manifest: Path | None = None
 
 
+class ReaderSettings(BaseModel):
+    """The answer reader `arag train answers` trains (span, yes/no, answerable), used by the answer
+    specialists after the verifier with the thresholds fit on held-out QASPER train papers."""
+
+    # trained: the ONNX model in ``path`` (an error when it is missing); auto: that model when it is
+    # installed (an answer's trace then has a ``specialists`` step), else none; none: the answers
+    # stand as the verifier leaves them.
+    provider: Literal["auto", "trained", "none"] = "auto"
+    # The trained model's folder; default <data_dir>/models/reader.
+    path: Path | None = None
+    threads: int = 2
+
+
 class LLMSettings(BaseModel):
     """The language model that plans, grades and writes answers."""
 
@@ -365,6 +378,7 @@ class Settings(BaseSettings):
     topics: TopicSettings = Field(default_factory=TopicSettings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     rerank: RerankSettings = Field(default_factory=RerankSettings)
+    reader: ReaderSettings = Field(default_factory=ReaderSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     arxiv: ArxivSettings = Field(default_factory=ArxivSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
@@ -486,6 +500,10 @@ class Settings(BaseSettings):
     @property
     def reranker_dir(self) -> Path:
         return self.rerank.path or self.data_dir / "models" / "reranker"
+
+    @property
+    def reader_dir(self) -> Path:
+        return self.reader.path or self.data_dir / "models" / "reader"
 
     @property
     def support_dir(self) -> Path:

@@ -1,7 +1,8 @@
 """The agent's graph, built and compiled once per ``Agent`` and reused for every question.
 
     START -> router -> direct | about -> END
-                    -> planner -> retriever -> grader -> context -> synthesizer -> verifier -> END
+                    -> planner -> retriever -> grader -> context -> synthesizer -> verifier
+                                                           -> specialists (with a trained reader) -> END
                                       ^          |
                                       +- reformulator (at most one retry)
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from types import EllipsisType
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -27,6 +29,7 @@ from arag.agent.planner import make_planner
 from arag.agent.reformulator import make_reformulate_edge, make_reformulator
 from arag.agent.retrieve import make_retrieval_node
 from arag.agent.router import make_about, make_direct, make_router, route_edge
+from arag.agent.specialists import make_specialists
 from arag.agent.state import AgentState, Step
 from arag.agent.support import (
     CombinedSupport,
@@ -41,6 +44,7 @@ from arag.agent.verifier import make_verifier
 from arag.errors import InputError
 from arag.llm.base import LLM
 from arag.llm.cache import cache_hits
+from arag.models.reader import Reader, get_reader
 from arag.records import Answer, NodeEvent, SearchFilter
 from arag.settings import QUESTION_CHARS_CEILING, Settings
 
@@ -55,6 +59,7 @@ NODES = (
     "context",
     "synthesizer",
     "verifier",
+    "specialists",
 )
 # Enough for the longest path (10 steps with the retry), with room to spare.
 RECURSION_LIMIT = 40
@@ -101,9 +106,12 @@ def build_graph(deps: AgentDeps):
         "context": make_context,
         "synthesizer": make_synthesizer,
         "verifier": make_verifier,
+        "specialists": make_specialists,
     }
     g = StateGraph(AgentState)
-    for name in NODES:
+    # Without a reader the specialists have nothing to say: the answer ends at the verifier.
+    nodes = NODES if deps.reader is not None else tuple(n for n in NODES if n != "specialists")
+    for name in nodes:
         g.add_node(name, timed(name, makers[name](deps), deps))
     g.add_edge(START, "router")
     g.add_conditional_edges("router", route_edge, ["planner", "direct", "about"])
@@ -115,7 +123,11 @@ def build_graph(deps: AgentDeps):
     g.add_conditional_edges("reformulator", make_reformulate_edge(), ["retriever", "context"])
     g.add_edge("context", "synthesizer")
     g.add_edge("synthesizer", "verifier")
-    g.add_edge("verifier", END)
+    if deps.reader is not None:
+        g.add_edge("verifier", "specialists")
+        g.add_edge("specialists", END)
+    else:
+        g.add_edge("verifier", END)
     return g.compile()
 
 
@@ -223,9 +235,11 @@ def build_agent(
     *,
     support: SupportScorer | None = None,
     on_event: Callable[[NodeEvent], None] | None = None,
+    reader: Reader | None | EllipsisType = ...,
 ) -> Agent:
     """An agent over an open retriever. ``llm`` None answers extractively (the ``extractive``
-    provider); LLM checks (grader, judge) are on for a hosted model unless the settings say otherwise."""
+    provider); LLM checks (grader, judge) are on for a hosted model unless the settings say otherwise.
+    ``reader``: the answer specialists' reader (default: the one the settings select)."""
     a = settings.agent
     llm_checks = llm is not None and (
         a.llm_checks == "on" or (a.llm_checks == "auto" and settings.llm.provider == "openai")
@@ -238,5 +252,6 @@ def build_agent(
         max_answer_tokens=settings.llm.max_answer_tokens,
         llm_checks=llm_checks,
         on_event=on_event,
+        reader=get_reader(settings) if isinstance(reader, EllipsisType) else reader,
     )
     return Agent(deps)

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from arag.cli.common import build_progress, console, handle_errors, load_settings
+from arag.cli.train_answers import register as register_answers
 from arag.models.reranker import ModelCard
 
 if TYPE_CHECKING:
@@ -246,3 +247,6 @@ def _report_support(card: ModelCard, target: Path) -> None:
         "per pair; unsupported pairs accepted: " + json.dumps(v[v["chosen"]]["accepted_unsupported"]),
         soft_wrap=True,
     )
+
+
+register_answers(train_app)

@@ -3,6 +3,7 @@ the query each asks of the whole library. Evaluation, training and benchmarks sh
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -12,6 +13,10 @@ from pydantic import BaseModel
 
 from arag.errors import InputError
 from arag.settings import find_shared_dir
+
+# One in this many QASPER train papers is held out of the answer reader's training: the thresholds of
+# the answer specialists are fit on their questions (validation is only ever reported on).
+HELD_OUT_MOD = 10
 
 # QASPER marks an evidence item that is a figure or table ("FLOAT SELECTED: ..."), not corpus text.
 FLOAT_MARKER = "FLOAT SELECTED"
@@ -25,6 +30,11 @@ class EvalQuestion(BaseModel):
     paper_title: str
     question: str
     evidence: list[str]
+
+
+def held_out_paper(paper_id: str) -> bool:
+    """Whether a QASPER train paper is in the slice held out of training, for fitting thresholds."""
+    return int(hashlib.sha1(paper_id.encode()).hexdigest()[:8], 16) % HELD_OUT_MOD == 0
 
 
 def default_questions_path() -> Path:

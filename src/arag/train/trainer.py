@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
+from pydantic import BaseModel
 
 from arag.corpus.qasper_questions import EvalQuestion
 from arag.errors import ModelError
@@ -134,7 +135,7 @@ def check_export(
         )
 
 
-def install_model(work: Path, out_dir: Path, card: ModelCard) -> None:
+def install_model(work: Path, out_dir: Path, card: BaseModel) -> None:
     """Write ``card`` into ``work`` (which holds model.onnx) and put ``work`` in ``out_dir``'s place:
     renames only, so a crash leaves the previous model (or none), never half of one."""
     (work / CARD_FILE).write_text(card.model_dump_json(indent=2))

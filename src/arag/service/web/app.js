@@ -24,6 +24,8 @@ const NODE_STAGES = {
   context: [],
   synthesizer: ["synthesize"],
   verifier: ["verify"],
+  // The answer specialists (a trained reader) adjust the short answer after the verifier.
+  specialists: [],
 };
 // The stages most likely to run next, lit as active until their event arrives.
 const NEXT = {
