@@ -127,11 +127,8 @@ def related(lib: OpenLibrary, row: PaperRow, k: int) -> RelatedPapers:
 
 def library_map(settings: Settings) -> LibraryMap:
     """The stored map; an IndexError_ (503) saying how to compute it when the library has none."""
-    state = LibraryState(settings.state_db)
-    try:
+    with LibraryState(settings.state_db) as state:
         found = load_map(state)
-    finally:
-        state.close()
     if found is None:
         raise IndexError_(
             "the library has no map yet (it was built before maps existed)",
