@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import httpx
 import uvicorn
@@ -22,7 +23,7 @@ __all__ = ["SMALL", "echo_llm", "free_port", "running_server", "sse_events"]
 
 # The small test libraries' settings overrides: hash embeddings, two topics, no reranker, and the
 # local LLM named so that the scripted one (echo_llm) stands in for it.
-SMALL = {
+SMALL: dict[str, Any] = {
     "embedding": {"provider": "hash"},
     "topics": {"k": 2},
     "rerank": {"provider": "none"},
