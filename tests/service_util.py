@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import httpx
 import uvicorn
@@ -18,7 +19,17 @@ from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
 from arag.stress.fuzz import sse_events
 
-__all__ = ["echo_llm", "free_port", "running_server", "sse_events"]
+__all__ = ["SMALL", "echo_llm", "free_port", "running_server", "sse_events"]
+
+# The small test libraries' settings overrides: hash embeddings, two topics, no reranker, and the
+# local LLM named so that the scripted one (echo_llm) stands in for it.
+SMALL: dict[str, Any] = {
+    "embedding": {"provider": "hash"},
+    "topics": {"k": 2},
+    "rerank": {"provider": "none"},
+    "llm": {"provider": "llama-cpp"},  # the scripted LLM stands in for it
+    "chat": {"rewrite_with_llm": False},
+}
 
 
 def free_port() -> int:

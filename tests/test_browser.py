@@ -21,7 +21,7 @@ from arag.api import Library
 from arag.service import create_app
 from arag.settings import Settings, get_settings
 from conftest import isolate
-from service_util import echo_llm, running_server
+from service_util import SMALL, echo_llm, running_server
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.is_file():
@@ -31,13 +31,6 @@ Browser = sync_api.Browser
 Page = sync_api.Page
 expect = sync_api.expect
 
-SMALL = {
-    "embedding": {"provider": "hash"},
-    "topics": {"k": 2},
-    "rerank": {"provider": "none"},
-    "llm": {"provider": "llama-cpp"},  # the scripted LLM stands in for it
-    "chat": {"rewrite_with_llm": False},
-}
 LAUNCH_ARGS = [
     "--no-sandbox",
     "--disable-gpu",

@@ -10,10 +10,10 @@ from pathlib import Path
 from arag.service import create_app
 from arag.service.background import open_serving_library
 from arag.settings import get_settings
-from service_util import echo_llm, running_server
+from service_util import SMALL, echo_llm, running_server
 
 # The browser and the artifacts folder are test_browser's fixtures (one launch recipe for both modules).
-from test_browser import SMALL, Browser, artifacts, browser, expect, new_page  # noqa: F401
+from test_browser import Browser, artifacts, browser, expect, new_page  # noqa: F401
 
 PAPERS = 80  # enough that the build spans several of the page's 2 s polls
 

@@ -26,17 +26,12 @@ from arag.settings import Settings, get_settings
 from arag.stress.common import cli_command, cli_env, snapshot
 from arag.stress.crash import check_consistency
 from conftest import qasper_papers
+from service_util import SMALL as SERVICE_SMALL
 from service_util import echo_llm, free_port, running_server
 
 PAPERS = 24
-SMALL: dict[str, Any] = {
-    "embedding": {"provider": "hash"},
-    "topics": {"k": 2},
-    "rerank": {"provider": "none"},
-    "llm": {"provider": "llama-cpp"},  # the scripted LLM stands in for it
-    "chat": {"rewrite_with_llm": False},
-    "store": {"papers_per_batch": 2},
-}
+# The service tests' small library, its build in batches of two papers.
+SMALL: dict[str, Any] = {**SERVICE_SMALL, "store": {"papers_per_batch": 2}}
 
 
 def fresh_settings(data: Path, papers: int = PAPERS, **extra: Any) -> Settings:

@@ -33,17 +33,10 @@ from arag.mcp_server import build_server
 from arag.records import Paper
 from arag.service import create_app
 from arag.settings import Settings, get_settings
-from service_util import sse_events
+from service_util import SMALL, sse_events
 
 ONTOLOGY = "1601.00901"
 ONTOLOGY_TITLE = "Joint learning of ontology and semantic parser from text"
-SMALL = {
-    "embedding": {"provider": "hash"},
-    "topics": {"k": 2},
-    "rerank": {"provider": "none"},
-    "llm": {"provider": "llama-cpp"},  # a scripted LLM stands in for it
-    "chat": {"rewrite_with_llm": False},
-}
 INVENTED = "The authors trained it on 9000 Martian telescopes"
 runner = CliRunner()
 

@@ -19,7 +19,7 @@ from openapi_spec_validator import validate
 from arag.api import Library
 from arag.service import create_app
 from arag.settings import Settings, get_settings
-from service_util import echo_llm, running_server, sse_events
+from service_util import SMALL, echo_llm, running_server, sse_events
 
 COMPOSE = "1601.01705"
 # The service answers to its own names only (the Host header): the test client's default,
@@ -29,13 +29,6 @@ LOCAL = "http://127.0.0.1:7860"
 NAMED = (
     "In the paper 'Joint learning of ontology and semantic parser from text': how is the ontology induced?"
 )
-SMALL = {
-    "embedding": {"provider": "hash"},
-    "topics": {"k": 2},
-    "rerank": {"provider": "none"},
-    "llm": {"provider": "llama-cpp"},  # the scripted LLM stands in for it
-    "chat": {"rewrite_with_llm": False},
-}
 
 
 @pytest.fixture(scope="module")

@@ -21,17 +21,10 @@ from arag.errors import ConfigError
 from arag.service import create_app
 from arag.settings import Settings, get_settings
 from arag.stress.bombs import inflation_bomb, page_bomb
-from service_util import echo_llm, running_server
+from service_util import SMALL, echo_llm, running_server
 
 LOCAL = "http://127.0.0.1:7860"
 KEY = "guard-key-" + "k" * 30
-SMALL = {
-    "embedding": {"provider": "hash"},
-    "topics": {"k": 2},
-    "rerank": {"provider": "none"},
-    "llm": {"provider": "llama-cpp"},  # the scripted LLM stands in for it
-    "chat": {"rewrite_with_llm": False},
-}
 
 
 @pytest.fixture(scope="module")

@@ -22,23 +22,17 @@ from arag.api import Library
 from arag.llm.local import LocalLLM
 from arag.service import create_app
 from arag.settings import Settings
-from service_util import running_server, sse_events
+from service_util import SMALL, running_server, sse_events
 from test_llm_process import FAKE, wait_dead, words
 
-SMALL = {
-    "embedding": {"provider": "hash"},
-    "topics": {"k": 2},
-    "rerank": {"provider": "none"},
-    "llm": {"provider": "llama-cpp", "start_timeout_s": 20, "cache": False},
-    "chat": {"rewrite_with_llm": False},
-}
+LLM_SMALL = {**SMALL, "llm": {"provider": "llama-cpp", "start_timeout_s": 20, "cache": False}}
 QUESTION = "What does the SLOW joint learning of ontology and semantic parser show?"
 
 
 @pytest.fixture(scope="module")
 def served(small_library: Callable[..., Settings]) -> Iterator[tuple[str, LocalLLM]]:
     # Its own: the service and the model's log write beside it.
-    settings = small_library("llm_process", corpus={"max_papers": 4}, **SMALL)
+    settings = small_library("llm_process", corpus={"max_papers": 4}, **LLM_SMALL)
     data = settings.data_dir
     llm = LocalLLM(Path("m.gguf"), settings.llm, name="fake", log_dir=data, tokenizer=words, command=FAKE)
     try:

@@ -32,16 +32,7 @@ from arag.stress.fuzz import SSE_OPERATION, run_fuzz, sse_events
 from arag.stress.fuzz import _check_sse as check_sse
 from arag.stress.hardening import run_hardening
 from arag.stress.load import run_load
-from service_util import echo_llm, free_port, running_server
-
-SMALL = {
-    "embedding": {"provider": "hash"},
-    "topics": {"k": 2},
-    "rerank": {"provider": "none"},
-    "llm": {"provider": "llama-cpp"},  # the scripted LLM stands in for it
-    "chat": {"rewrite_with_llm": False},
-}
-
+from service_util import SMALL, echo_llm, free_port, running_server
 
 # --- fuzzing and load -----------------------------------------------------------------------------
 

@@ -9,11 +9,11 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Protocol, TypeVar, cast
 
 import numpy as np
 
-from arag.agent.graph import Agent
+from arag.agent.graph import Agent, finish_answer
 from arag.agent.hooks import RunHooks
 from arag.agent.paper_request import PaperTool, paper_request, resolve_target
 from arag.agent.related import LibraryPaper, RelatedPapers, clean_abstract, related_papers, related_text
@@ -31,6 +31,7 @@ from arag.settings import Settings
 # Related papers a question ("related work for X") gets.
 QUESTION_RELATED_K = 5
 _THIS_PAPER = re.compile(r"^(?:(?:this|the|that)\s+(?:paper|article|work)|it)$", re.I)
+_R = TypeVar("_R")  # a tool stream's result (an Answer, a PaperSummary)
 
 
 class OpenLibrary(Protocol):
@@ -85,12 +86,20 @@ def summarise(
 def collect_summary(
     items: Iterator[NodeEvent | PaperSummary], on_event: Callable[[NodeEvent], None] | None
 ) -> PaperSummary:
+    """The summary of a summary stream, each event to ``on_event``."""
+    return _last(items, PaperSummary, on_event, "the summary ended without a result")
+
+
+def _last(
+    items: Iterator[NodeEvent | _R], kind: type[_R], on_event: Callable[[NodeEvent], None] | None, empty: str
+) -> _R:
+    """The first ``kind`` item of a tool's stream (its result), each event before it to ``on_event``."""
     for item in items:
-        if isinstance(item, PaperSummary):
+        if isinstance(item, kind):
             return item
         if on_event is not None:
-            on_event(item)
-    raise AssertionError("the summary ended without a result")
+            on_event(cast(NodeEvent, item))
+    raise AssertionError(empty)
 
 
 def _library_papers(lib: OpenLibrary) -> tuple[list[PaperRow], np.ndarray]:
@@ -118,11 +127,8 @@ def related(lib: OpenLibrary, row: PaperRow, k: int) -> RelatedPapers:
 
 def library_map(settings: Settings) -> LibraryMap:
     """The stored map; an IndexError_ (503) saying how to compute it when the library has none."""
-    state = LibraryState(settings.state_db)
-    try:
+    with LibraryState(settings.state_db) as state:
         found = load_map(state)
-    finally:
-        state.close()
     if found is None:
         raise IndexError_(
             "the library has no map yet (it was built before maps existed)",
@@ -183,23 +189,9 @@ def tool_stream(
             answer_type="free_form",
             mode="llm" if llm_lines else "extractive",
         )
-    timings: dict[str, float] = {}
-    for ev in events:
-        timings[ev.node] = round(timings.get(ev.node, 0.0) + ev.ms, 2)
-    yield answer.model_copy(
-        update={
-            "events": events,
-            "timings": timings,
-            "total_ms": round(1000 * (time.perf_counter() - t_start), 2),
-        }
-    )
+    yield finish_answer(answer, events, t_start)
 
 
 def collect(items: Iterator[NodeEvent | Answer], on_event: Callable[[NodeEvent], None] | None) -> Answer:
     """The answer of a tool's stream, each event to ``on_event``."""
-    for item in items:
-        if isinstance(item, Answer):
-            return item
-        if on_event is not None:
-            on_event(item)
-    raise AssertionError("the paper tool ended without an answer")
+    return _last(items, Answer, on_event, "the paper tool ended without an answer")

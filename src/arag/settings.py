@@ -477,6 +477,11 @@ class Settings(BaseSettings):
         return f"{self.store.collection}-{gen}" if gen else self.store.collection
 
     @property
+    def qdrant_key(self) -> str | None:
+        """The Qdrant API key in clear, for the client (None without one)."""
+        return self.qdrant_api_key.get_secret_value() if self.qdrant_api_key is not None else None
+
+    @property
     def cache_dir(self) -> Path:
         return self.data_dir / "cache"
 

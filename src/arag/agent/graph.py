@@ -131,6 +131,16 @@ def build_graph(deps: AgentDeps):
     return g.compile()
 
 
+def finish_answer(answer: Answer, events: list[NodeEvent], t0: float, **update: Any) -> Answer:
+    """``answer`` with its run's steps: the events, each node's milliseconds (summed over its events)
+    and the whole run's since ``t0`` (a ``time.perf_counter()``), and any other ``update``."""
+    timings: dict[str, float] = {}
+    for e in events:
+        timings[e.node] = round(timings.get(e.node, 0.0) + e.ms, 2)
+    total_ms = round(1000 * (time.perf_counter() - t0), 2)
+    return answer.model_copy(update={"events": events, "timings": timings, "total_ms": total_ms, **update})
+
+
 class Agent:
     """Answers questions over the library. Thread-safe: the compiled graph is shared, the state is
     per question."""
@@ -159,17 +169,8 @@ class Agent:
             else:
                 final = chunk
         answer: Answer = final["answer"]
-        timings: dict[str, float] = {}
-        for e in events:
-            timings[e.node] = round(timings.get(e.node, 0.0) + e.ms, 2)
-        yield answer.model_copy(
-            update={
-                "events": events,
-                "timings": timings,
-                "total_ms": round(1000 * (time.perf_counter() - t0), 2),
-                "llm_cached_calls": int(sum(e.counts.get("llm_cached", 0) for e in events)),
-            }
-        )
+        cached = int(sum(e.counts.get("llm_cached", 0) for e in events))
+        yield finish_answer(answer, events, t0, llm_cached_calls=cached)
 
     def run(
         self,

@@ -293,16 +293,21 @@ def make_verifier(deps: AgentDeps):
             "form": "literature" if state.get("literature") else "answer",
         }
         missing = missing_note(grade) if grade.verdict != "sufficient" else []
-        if draft.mode == "abstain":
-            answer = Answer(
+
+        def abstention(**extra: Any) -> Answer:
+            """Not in the library: what it lacks, and the closest passages it has instead."""
+            return Answer(
                 short_answer=prompts.NOT_IN_LIBRARY,
                 text=abstain_text(closest),
                 abstained=True,
                 mode="abstain",
                 missing=missing,
+                **extra,
                 **base,
             )
-            return Step({"answer": answer}, f"abstain ({'; '.join(draft.notes)})", {"claims": 0})
+
+        if draft.mode == "abstain":
+            return Step({"answer": abstention()}, f"abstain ({'; '.join(draft.notes)})", {"claims": 0})
         if state.get("literature"):
             lit, vl = literature_answer(draft, passages, deps.support, base, missing)
             lit_counts: dict[str, float] = {
@@ -318,16 +323,7 @@ def make_verifier(deps: AgentDeps):
         v = verify_claims(draft, passages, deps.support, answer_type, mark=settings.unsupported == "mark")
         counts: dict[str, float] = {"claims": v.claims, "supported": v.supported, "dropped": v.dropped}
         if not v.core_supported:
-            answer = Answer(
-                short_answer=prompts.NOT_IN_LIBRARY,
-                text=abstain_text(closest),
-                abstained=True,
-                mode="abstain",
-                missing=missing,
-                dropped_claims=v.dropped,
-                **base,
-            )
-            return Step({"answer": answer}, f"abstain: {v.reason}", counts)
+            return Step({"answer": abstention(dropped_claims=v.dropped)}, f"abstain: {v.reason}", counts)
         text = v.explanation
         if missing:
             text += "\n\nNot found in the library's passages: " + ", ".join(missing) + "."

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import statistics
 import subprocess
 import tempfile
@@ -24,7 +23,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from arag.errors import ConfigError
-from arag.stress.common import cli_command, cli_env, tail
+from arag.stress.common import cli_command, cli_env, stop_cli, tail
 
 FULL_LIBRARY = 1585
 # Before serving came first (issue 13, a fresh 2-core machine): set-up, then `arag library build`, then
@@ -333,13 +332,7 @@ def run_first_run_bench(
             prober.join(timeout=5)
     finally:
         stop.set()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_cli(proc, 60)
     build_rate = result.get("build_papers_per_s")
     full = None
     if isinstance(build_rate, float | int) and build_rate > 0:

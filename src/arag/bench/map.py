@@ -60,11 +60,8 @@ def topic_purity(xy: np.ndarray, topics: np.ndarray, k: int = NEIGHBOURS) -> flo
 
 def run_map_bench(settings: Settings, *, seed: int = 0) -> MapBench:
     """PCA and t-SNE on the library's abstract vectors, timed and scored."""
-    state = LibraryState(settings.state_db)
-    try:
+    with LibraryState(settings.state_db) as state:
         rows = state.papers()
-    finally:
-        state.close()
     if len(rows) <= NEIGHBOURS or any(r.topic is None for r in rows):
         raise InputError(
             f"the library in {settings.data_dir} has {len(rows)} papers (with topics); the map benchmark "

@@ -60,9 +60,8 @@ def export_base(settings_dir: Path, out: Path, queries: list[str], n: int = BASE
 
     # The embedded store itself, whatever backend the settings name: the figures are about it.
     settings = get_settings(data_dir=settings_dir)
-    state = LibraryState(settings.state_db)
-    dim = state.get_meta("embedding_dim")
-    state.close()
+    with LibraryState(settings.state_db) as state:
+        dim = state.get_meta("embedding_dim")
     if dim is None:
         raise InputError(
             f"there is no library in {settings.data_dir}", where="ARAG_DATA_DIR", fix="arag library build"

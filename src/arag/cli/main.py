@@ -223,11 +223,8 @@ def library_topics(
     from arag.library.state import LibraryState
 
     settings = load_settings()
-    state = LibraryState(settings.state_db)
-    try:
+    with LibraryState(settings.state_db) as state:
         unmapped = map_missing(state)
-    finally:
-        state.close()
     if recluster or unmapped:
         # A library built before the map existed gets one here (topics untouched without --recluster).
         status = "clustering and mapping the papers" if recluster else "mapping the papers"

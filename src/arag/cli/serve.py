@@ -81,7 +81,7 @@ def serve_cmd(
 def train_in_server(settings: Settings, store: Store, progress: ProgressFactory) -> str:
     """``arag train reranker`` with its defaults, mining through the server's open index (the
     service's background training); the installed model's id."""
-    from arag.cli.train import _qasper
+    from arag.corpus.qasper_questions import default_questions_path
     from arag.models.factory import get_embedder
     from arag.train.reranker import TrainConfig
     from arag.train.reranker_pipeline import train_reranker
@@ -92,8 +92,8 @@ def train_in_server(settings: Settings, store: Store, progress: ProgressFactory)
         card = train_reranker(
             settings,
             TrainConfig(),
-            train_path=_qasper("questions_train.json"),
-            val_path=_qasper("questions_validation.json"),
+            train_path=default_questions_path("train"),
+            val_path=default_questions_path("validation"),
             progress=progress,
             library=(store, embedder),
         )

@@ -81,7 +81,7 @@ def _print_crash(r: CrashReport) -> None:
         kills.add_row(
             str(k.attempt),
             f"{k.target_s:.2f} ({k.aim_papers} + {k.aim_after_s:.2f} s)",
-            f"{k.killed_at_s:.2f}" if k.killed_at_s is not None else f"ended ({k.exit_code})",
+            _killed(k.killed_at_s, k.exit_code),
             str(k.papers_recorded),
             str(k.chunks_in_store),
             f"{k.in_flight_papers} papers, {k.in_flight_chunks} chunks",
@@ -89,6 +89,11 @@ def _print_crash(r: CrashReport) -> None:
             str(len(k.problems)),
         )
     console.print(kills)
+
+
+def _killed(killed_at_s: float | None, exit_code: int | None) -> str:
+    """When an attempt was killed, or how it ended when it finished before its kill."""
+    return f"{killed_at_s:.2f}" if killed_at_s is not None else f"ended ({exit_code})"
 
 
 def _print_bad_pdfs(r: BadPdfReport) -> None:
@@ -214,7 +219,7 @@ def _print_rebuild(r: RebuildCrashReport, work: Path) -> None:
         kills.add_row(
             str(k.attempt),
             f"{k.target_s:.2f}",
-            f"{k.killed_at_s:.2f}" if k.killed_at_s is not None else f"ended ({k.exit_code})",
+            _killed(k.killed_at_s, k.exit_code),
             "new generation" if k.switched else "old generation",
             "yes" if k.pending else "no",
             str(k.papers),

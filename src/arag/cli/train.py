@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -14,6 +15,7 @@ from arag.cli.train_answers import register as register_answers
 from arag.models.reranker import ModelCard
 
 if TYPE_CHECKING:
+    from arag.settings import Settings
     from arag.train.reranker import TrainConfig
 
 train_app = typer.Typer(no_args_is_help=True)
@@ -29,10 +31,11 @@ ValLimit = Annotated[int | None, typer.Option(help="Only the first N validation 
 Force = Annotated[bool, typer.Option("--force", help="Retrain even if a model is installed.")]
 
 
-def _qasper(name: str) -> Path:
+def _questions(path: Path | None, split: str) -> Path:
+    """``path``, or else the packaged QASPER questions of ``split`` (train, validation)."""
     from arag.corpus.qasper_questions import default_questions_path
 
-    return default_questions_path().with_name(name)
+    return path or default_questions_path(split)
 
 
 @train_app.command("reranker")
@@ -66,7 +69,6 @@ def train_reranker_cmd(
 ) -> None:
     """Fine-tune the cross-encoder reranker from the packaged MiniLM weights on QASPER train, export it
     to ONNX, calibrate its bars on validation and install it with a model card."""
-    from arag.models.reranker import CARD_FILE
     from arag.train.reranker_pipeline import train_reranker
 
     settings = load_settings()
@@ -74,14 +76,18 @@ def train_reranker_cmd(
     if recalibrate:
         from arag.train.reranker_pipeline import recalibrate as refit
 
-        card = refit(settings, validation or _qasper("questions_validation.json"), progress=build_progress)
+        card = refit(settings, _questions(validation, "validation"), progress=build_progress)
         _report(card, f"recalibrated {target}")
         return
-    if (target / CARD_FILE).is_file() and not force:
-        console.print(f"a trained reranker is installed in {target}: --force retrains it")
-        return
-    cfg = _train_config(
-        quantize,
+    trained = _train(
+        train_reranker,
+        settings,
+        target,
+        "reranker",
+        force=force,
+        paths=(train, validation),
+        limits=(train_limit, val_limit),
+        quantize=quantize,
         layers=layers,
         max_length=max_length,
         inference_max_length=inference_max_length,
@@ -90,20 +96,45 @@ def train_reranker_cmd(
         head_lr=head_lr,
         seed=seed,
     )
-    card = train_reranker(
-        settings,
-        cfg,
-        train_path=train or _qasper("questions_train.json"),
-        val_path=validation or _qasper("questions_validation.json"),
-        train_limit=train_limit,
-        val_limit=val_limit,
-        progress=build_progress,
-    )
-    t = card.training
+    if trained is None:
+        return
+    t = trained.training
     _report(
-        card,
-        f"installed {card.validation['chosen']} in {target}; trained {t['steps']} steps ({t['pairs']} pairs) "
-        f"in {t['seconds']:.0f} s; whole run {card.calibration['total_seconds']:.0f} s",
+        trained,
+        f"installed {trained.validation['chosen']} in {target}; trained {t['steps']} steps "
+        f"({t['pairs']} pairs) in {t['seconds']:.0f} s; "
+        f"whole run {trained.calibration['total_seconds']:.0f} s",
+    )
+
+
+def _train(
+    trainer: Callable[..., ModelCard],
+    settings: Settings,
+    target: Path,
+    what: str,
+    *,
+    force: bool,
+    paths: tuple[Path | None, Path | None],
+    limits: tuple[int | None, int | None],
+    quantize: str,
+    **fields: Any,
+) -> ModelCard | None:
+    """Both ``arag train`` runs: None when a model is installed in ``target`` and not ``force``d, else
+    the card ``trainer`` installs, trained on ``paths`` (train, validation; default the packaged
+    QASPER splits) with the first ``limits`` questions of each."""
+    from arag.models.reranker import CARD_FILE
+
+    if (target / CARD_FILE).is_file() and not force:
+        console.print(f"a trained {what} is installed in {target}: --force retrains it")
+        return None
+    return trainer(
+        settings,
+        _train_config(quantize, **fields),
+        train_path=_questions(paths[0], "train"),
+        val_path=_questions(paths[1], "validation"),
+        train_limit=limits[0],
+        val_limit=limits[1],
+        progress=build_progress,
     )
 
 
@@ -165,25 +196,25 @@ def train_support_cmd(
     """Fine-tune the claim verifier's cross-encoder (does a passage support a claim?) from the packaged
     MiniLM weights on QASPER train, measure it on validation pairs (alone, and combined with the
     lexical overlap) and install it with a model card."""
-    from arag.models.reranker import CARD_FILE
     from arag.train.support_pipeline import recalibrate_support, train_support
 
     settings = load_settings()
     target = settings.support_dir
     if recalibrate:
         card = recalibrate_support(
-            settings,
-            validation or _qasper("questions_validation.json"),
-            val_limit=val_limit,
-            progress=build_progress,
+            settings, _questions(validation, "validation"), val_limit=val_limit, progress=build_progress
         )
         _report_combined(card)
         return
-    if (target / CARD_FILE).is_file() and not force:
-        console.print(f"a trained support model is installed in {target}: --force retrains it")
-        return
-    cfg = _train_config(
-        quantize,
+    trained = _train(
+        train_support,
+        settings,
+        target,
+        "support model",
+        force=force,
+        paths=(train, validation),
+        limits=(train_limit, val_limit),
+        quantize=quantize,
         layers=layers,
         max_length=max_length,
         epochs=epochs,
@@ -192,17 +223,9 @@ def train_support_cmd(
         seed=seed,
         threads=threads,
     )
-    card = train_support(
-        settings,
-        cfg,
-        train_path=train or _qasper("questions_train.json"),
-        val_path=validation or _qasper("questions_validation.json"),
-        train_limit=train_limit,
-        val_limit=val_limit,
-        progress=build_progress,
-    )
-    _report_support(card, target)
-    _report_combined(card)
+    if trained is not None:
+        _report_support(trained, target)
+        _report_combined(trained)
 
 
 def _report_combined(card: ModelCard) -> None:

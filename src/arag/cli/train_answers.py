@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
 def _train_file(questions: Path | None) -> Path:
     from arag.corpus.qasper_questions import default_questions_path
 
-    return questions or default_questions_path().with_name("questions_train.json")
+    return questions or default_questions_path("train")
 
 
 @handle_errors

@@ -37,8 +37,9 @@ def held_out_paper(paper_id: str) -> bool:
     return int(hashlib.sha1(paper_id.encode()).hexdigest()[:8], 16) % HELD_OUT_MOD == 0
 
 
-def default_questions_path() -> Path:
-    """QASPER validation questions beside the repository (``../shared/benchmarks/qasper``)."""
+def default_questions_path(split: str = "validation") -> Path:
+    """QASPER's questions of ``split`` (validation, train) beside the repository
+    (``../shared/benchmarks/qasper``)."""
     shared = find_shared_dir()
     if shared is None:
         raise InputError(
@@ -46,7 +47,7 @@ def default_questions_path() -> Path:
             where="../shared/benchmarks/qasper",
             fix="pass --questions PATH to a questions_*.json file",
         )
-    return shared / "benchmarks" / "qasper" / "questions_validation.json"
+    return shared / "benchmarks" / "qasper" / f"questions_{split}.json"
 
 
 def read_question_items(path: Path) -> list[dict]:

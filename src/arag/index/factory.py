@@ -51,12 +51,11 @@ def _open_store(settings: Settings, dim: int, *, create: bool) -> EdgeStore | Qd
                 fix="set ARAG_QDRANT_URL (http://host:6333, or :memory: / path:DIR for local mode), "
                 "or ARAG_STORE__BACKEND=edge",
             )
-        key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key is not None else None
         return QdrantServerStore.open(
             settings.qdrant_url,
             dim,
             collection=settings.collection,
-            api_key=key,
+            api_key=settings.qdrant_key,
             create=create,
             shards=settings.store.shards,
             replication_factor=settings.store.replication_factor,

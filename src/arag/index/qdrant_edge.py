@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -38,11 +38,17 @@ from arag.index.payload import (
     INTEGER_FIELDS,
     KEYWORD_FIELDS,
     SPARSE,
+    checked_query,
+    checked_rows,
+    dense_rows,
     directory_size,
     matches_nothing,
+    paper_counts,
     point_id,
+    topic_groups,
+    unpack_points,
 )
-from arag.index.store import PaperCount
+from arag.index.store import ClosingStore, PaperCount
 from arag.records import Chunk, ScoredChunk, SearchFilter, SparseVector
 
 log = logging.getLogger(__name__)
@@ -99,14 +105,14 @@ def _paper_filter(paper_ids: Sequence[str]) -> qe.Filter:
     return qe.Filter(must=[qe.FieldCondition("paper_id", match=qe.MatchAny(list(paper_ids)))])
 
 
-class EdgeStore:
+class EdgeStore(ClosingStore):
     """A :class:`~arag.index.store.Store` on a Qdrant Edge shard in one directory."""
 
     def __init__(self, shard: qe.EdgeShard, path: Path, dim: int) -> None:
+        super().__init__()
         self._shard: qe.EdgeShard | None = shard
         self.path = path
         self.dim = dim
-        self._on_close: list[Callable[[], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -202,28 +208,16 @@ class EdgeStore:
             changed = self._live().optimize()
         log.info("optimized index %s (changed: %s)", self.path, changed)
 
-    def close(self) -> None:
-        """Flush and release the shard and its lock; calling it twice is harmless."""
-        if self._shard is None:
-            return
-        shard, self._shard = self._shard, None
-        try:
-            with self._engine("close"):
-                shard.flush()
-                shard.close()
-        finally:
-            for release in self._on_close:
-                release()
+    @property
+    def closed(self) -> bool:
+        return self._shard is None
 
-    def release_on_close(self, release: Callable[[], None]) -> None:
-        """Call ``release`` when the store closes (the library lock that open_store took)."""
-        self._on_close.append(release)
-
-    def __enter__(self) -> EdgeStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _release_engine(self) -> None:
+        """Flush and release the shard and its lock."""
+        shard, self._shard = self._live(), None
+        with self._engine("close"):
+            shard.flush()
+            shard.close()
 
     def size_bytes(self) -> int:
         """Bytes allocated on disk by the index directory."""
@@ -235,15 +229,7 @@ class EdgeStore:
         """Insert or replace chunks by id, as one engine update (applied whole or not at all)."""
         if not chunks:
             return
-        dense = np.asarray(dense, dtype=np.float32)
-        if dense.shape != (len(chunks), self.dim) or len(sparse) != len(chunks):
-            raise StoreError(
-                f"upsert got {len(chunks)} chunks, dense {dense.shape}, {len(sparse)} sparse vectors; "
-                f"expected dense ({len(chunks)}, {self.dim}) and one sparse vector per chunk",
-                where=str(self.path),
-                fix="this is a bug in the caller: embed every chunk with the index's model",
-            )
-        rows = dense.tolist()
+        rows = checked_rows(chunks, dense, sparse, self.dim, str(self.path)).tolist()
         points = [
             qe.Point(
                 id=point_id(c.id),
@@ -273,11 +259,8 @@ class EdgeStore:
 
     def set_topics(self, topics: Mapping[str, tuple[int, str]]) -> None:
         """Write topic id and label into every chunk of each paper (one update per topic)."""
-        by_topic: dict[tuple[int, str], list[str]] = {}
-        for paper_id, (topic, label) in topics.items():
-            by_topic.setdefault((int(topic), label), []).append(paper_id)
         with self._engine("set topics"):
-            for (topic, label), paper_ids in by_topic.items():
+            for (topic, label), paper_ids in topic_groups(topics).items():
                 op = qe.UpdateOperation.set_payload_by_filter(
                     _paper_filter(paper_ids), {"topic": topic, "topic_label": label}
                 )
@@ -299,13 +282,8 @@ class EdgeStore:
         self, vector: np.ndarray, limit: int, flt: SearchFilter | None = None
     ) -> list[ScoredChunk]:
         """Nearest chunks by cosine similarity, best first."""
-        vec = np.asarray(vector, dtype=np.float32).reshape(-1)
-        if vec.shape[0] != self.dim:
-            raise StoreError(
-                f"query vector has {vec.shape[0]} dimensions, the index has {self.dim}",
-                where=str(self.path),
-                fix=f"embed queries with the model the index was built with, or {_REBUILD_FIX}",
-            )
+        fix = f"embed queries with the model the index was built with, or {_REBUILD_FIX}"
+        vec = checked_query(vector, self.dim, str(self.path), fix)
         return self._search(qe.Query.Nearest(vec.tolist(), using=DENSE), limit, flt, "dense")
 
     def sparse_search(
@@ -325,20 +303,7 @@ class EdgeStore:
             with self._engine("scroll"):
                 records, offset = self._live().scroll(request)
             if records:
-                dense = np.zeros((len(records), self.dim), dtype=np.float32)
-                sparse: list[SparseVector] = []
-                for row, rec in enumerate(records):
-                    vec = rec.vector if isinstance(rec.vector, dict) else {}
-                    if DENSE in vec:
-                        dense[row] = np.asarray(vec[DENSE], dtype=np.float32)
-                    sv = vec.get(SPARSE)
-                    if isinstance(sv, qe.SparseVector):
-                        sparse.append(
-                            SparseVector(indices=list(sv.indices), values=[float(v) for v in sv.values])
-                        )
-                    else:  # a point stored without terms has no sparse vector at all
-                        sparse.append(SparseVector(indices=[], values=[]))
-                yield [Chunk(**(rec.payload or {})) for rec in records], dense, sparse
+                yield unpack_points(records, self.dim, qe.SparseVector)
             if offset is None:
                 return
 
@@ -365,13 +330,7 @@ class EdgeStore:
 
     def list_papers(self) -> list[PaperCount]:
         """Papers with title and chunk count, sorted by id (one scroll over paper_id/title only)."""
-        counts: dict[str, int] = {}
-        titles: dict[str, str] = {}
-        for payload in self._scroll_payloads(["paper_id", "title"]):
-            pid = str(payload["paper_id"])
-            counts[pid] = counts.get(pid, 0) + 1
-            titles.setdefault(pid, str(payload.get("title", "")))
-        return [PaperCount(paper_id=p, title=titles[p], chunks=counts[p]) for p in sorted(counts)]
+        return paper_counts(self._scroll_payloads(["paper_id", "title"]))
 
     def _scroll_payloads(self, keys: list[str]) -> Iterator[dict[str, Any]]:
         offset: Any = None
@@ -403,14 +362,9 @@ class EdgeStore:
 
     def get_vectors(self, ids: Sequence[str]) -> np.ndarray:
         """Dense vectors of these chunks, one row per id in the order given (zeros for unknown ids)."""
-        out = np.zeros((len(ids), self.dim), dtype=np.float32)
         if not ids:
-            return out
+            return dense_rows([], self.dim)
         with self._engine(f"retrieve {len(ids)} vectors"):
             records = self._live().retrieve([point_id(i) for i in ids], with_payload=False, with_vector=True)
         by_point = {str(rec.id): rec.vector for rec in records}
-        for row, cid in enumerate(ids):
-            vec = by_point.get(point_id(cid))
-            if isinstance(vec, dict) and DENSE in vec:
-                out[row] = np.asarray(vec[DENSE], dtype=np.float32)
-        return out
+        return dense_rows([by_point.get(point_id(cid)) for cid in ids], self.dim)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,11 +34,17 @@ from arag.index.payload import (
     INTEGER_FIELDS,
     KEYWORD_FIELDS,
     SPARSE,
+    checked_query,
+    checked_rows,
+    dense_rows,
     directory_size,
     matches_nothing,
+    paper_counts,
     point_id,
+    topic_groups,
+    unpack_points,
 )
-from arag.index.store import PaperCount
+from arag.index.store import ClosingStore, PaperCount
 from arag.records import Chunk, ScoredChunk, SearchFilter, SparseVector
 
 log = logging.getLogger(__name__)
@@ -84,17 +90,17 @@ def _paper_filter(paper_ids: Sequence[str]) -> qm.FilterSelector:
     return qm.FilterSelector(filter=qm.Filter(must=[cond]))
 
 
-class QdrantServerStore:
+class QdrantServerStore(ClosingStore):
     """A :class:`~arag.index.store.Store` on one collection of a Qdrant server, cluster or local mode."""
 
     def __init__(self, client: QdrantClient, collection: str, dim: int, location: str) -> None:
+        super().__init__()
         self._client: QdrantClient | None = client
         self.collection = collection
         self.dim = dim
         self.location = location
         self.local = location == ":memory:" or location.startswith("path:")
         self.where = f"{location} (collection {collection!r})"
-        self._on_close: list[Callable[[], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -242,32 +248,20 @@ class QdrantServerStore:
             time.sleep(0.5)
         log.warning("Qdrant is still optimizing %s; searches work meanwhile", self.where)
 
-    def close(self) -> None:
-        """Release the client (and local mode's folder lock); calling it twice is harmless."""
-        if self._client is None:
-            return
-        client, self._client = self._client, None
-        try:
-            with self._engine("close"):
-                client.close()
-        finally:
-            for release in self._on_close:
-                release()
+    @property
+    def closed(self) -> bool:
+        return self._client is None
 
-    def release_on_close(self, release: Callable[[], None]) -> None:
-        """Call ``release`` when the store closes (the library lock that open_store took)."""
-        self._on_close.append(release)
+    def _release_engine(self) -> None:
+        """Release the client (and local mode's folder lock)."""
+        client, self._client = self._live(), None
+        with self._engine("close"):
+            client.close()
 
     def drop(self) -> None:
         """Delete the whole collection (tests, and replacing a migration target)."""
         with self._engine("delete the collection"):
             self._live().delete_collection(self.collection)
-
-    def __enter__(self) -> QdrantServerStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def size_bytes(self) -> int:
         """Bytes of a local-mode folder; 0 (unknown) for a server or ``:memory:``."""
@@ -281,14 +275,7 @@ class QdrantServerStore:
         """Insert or replace chunks by id (requests of ``_UPSERT_BATCH`` points, each awaited)."""
         if not chunks:
             return
-        dense = np.asarray(dense, dtype=np.float32)
-        if dense.shape != (len(chunks), self.dim) or len(sparse) != len(chunks):
-            raise StoreError(
-                f"upsert got {len(chunks)} chunks, dense {dense.shape}, {len(sparse)} sparse vectors; "
-                f"expected dense ({len(chunks)}, {self.dim}) and one sparse vector per chunk",
-                where=self.where,
-                fix="this is a bug in the caller: embed every chunk with the index's model",
-            )
+        rows = checked_rows(chunks, dense, sparse, self.dim, self.where).tolist()
         points = [
             qm.PointStruct(
                 id=point_id(c.id),
@@ -298,7 +285,7 @@ class QdrantServerStore:
                 },
                 payload=c.model_dump(),
             )
-            for c, row, sv in zip(chunks, dense.tolist(), sparse, strict=True)
+            for c, row, sv in zip(chunks, rows, sparse, strict=True)
         ]
         with self._engine(f"upsert {len(points)} chunks"):
             for i in range(0, len(points), _UPSERT_BATCH):
@@ -322,11 +309,8 @@ class QdrantServerStore:
 
     def set_topics(self, topics: Mapping[str, tuple[int, str]]) -> None:
         """Write topic id and label into every chunk of each paper (one request per topic)."""
-        by_topic: dict[tuple[int, str], list[str]] = {}
-        for paper_id, (topic, label) in topics.items():
-            by_topic.setdefault((int(topic), label), []).append(paper_id)
         with self._engine("set topics"):
-            for (topic, label), paper_ids in by_topic.items():
+            for (topic, label), paper_ids in topic_groups(topics).items():
                 payload = {"topic": topic, "topic_label": label}
                 self._live().set_payload(self.collection, payload, points=_paper_filter(paper_ids), wait=True)
 
@@ -345,13 +329,9 @@ class QdrantServerStore:
         ]
 
     def _dense_query(self, vector: np.ndarray) -> list[float]:
-        vec = np.asarray(vector, dtype=np.float32).reshape(-1)
-        if vec.shape[0] != self.dim:
-            raise StoreError(
-                f"query vector has {vec.shape[0]} dimensions, the index has {self.dim}",
-                where=self.where,
-                fix="embed queries with the model the index was built with",
-            )
+        vec = checked_query(
+            vector, self.dim, self.where, "embed queries with the model the index was built with"
+        )
         return [float(x) for x in vec]
 
     def dense_search(
@@ -391,16 +371,8 @@ class QdrantServerStore:
 
     def list_papers(self) -> list[PaperCount]:
         """Papers with title and chunk count, sorted by id (one scroll over paper_id/title only)."""
-        counts: dict[str, int] = {}
-        titles: dict[str, str] = {}
-        for records in self._scroll(
-            qm.PayloadSelectorInclude(include=["paper_id", "title"]), False, _SCROLL_PAGE
-        ):
-            for rec in records:
-                pid = str((rec.payload or {})["paper_id"])
-                counts[pid] = counts.get(pid, 0) + 1
-                titles.setdefault(pid, str((rec.payload or {}).get("title", "")))
-        return [PaperCount(paper_id=p, title=titles[p], chunks=counts[p]) for p in sorted(counts)]
+        pages = self._scroll(qm.PayloadSelectorInclude(include=["paper_id", "title"]), False, _SCROLL_PAGE)
+        return paper_counts(rec.payload or {} for records in pages for rec in records)
 
     def _scroll(self, payload: Any, vectors: bool, page: int) -> Iterator[list[qm.Record]]:
         offset: Any = None
@@ -414,19 +386,7 @@ class QdrantServerStore:
                 return
 
     def _points(self, records: Sequence[qm.Record]) -> tuple[list[Chunk], np.ndarray, list[SparseVector]]:
-        chunks = [Chunk(**(r.payload or {})) for r in records]
-        dense = np.zeros((len(records), self.dim), dtype=np.float32)
-        sparse: list[SparseVector] = []
-        for row, r in enumerate(records):
-            vec = r.vector if isinstance(r.vector, dict) else {}
-            if DENSE in vec:
-                dense[row] = np.asarray(vec[DENSE], dtype=np.float32)
-            sv = vec.get(SPARSE)
-            if isinstance(sv, qm.SparseVector):
-                sparse.append(SparseVector(indices=list(sv.indices), values=list(sv.values)))
-            else:  # a point stored without terms has no sparse vector at all
-                sparse.append(SparseVector(indices=[], values=[]))
-        return chunks, dense, sparse
+        return unpack_points(records, self.dim, qm.SparseVector)
 
     def scroll_points(self, batch: int = 256) -> Iterator[tuple[list[Chunk], np.ndarray, list[SparseVector]]]:
         """Every point as (chunks, dense rows, sparse vectors), ``batch`` at a time (for migrations)."""
@@ -456,10 +416,5 @@ class QdrantServerStore:
 
     def get_vectors(self, ids: Sequence[str]) -> np.ndarray:
         """Dense vectors of these chunks, one row per id in the order given (zeros for unknown ids)."""
-        out = np.zeros((len(ids), self.dim), dtype=np.float32)
         got = self._retrieve(ids, False, [DENSE])
-        for row, p in enumerate(map(point_id, ids)):
-            vec = got[p].vector if p in got else None
-            if isinstance(vec, dict) and DENSE in vec:
-                out[row] = np.asarray(vec[DENSE], dtype=np.float32)
-        return out
+        return dense_rows([got[p].vector if p in got else None for p in map(point_id, ids)], self.dim)

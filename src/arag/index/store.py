@@ -7,8 +7,8 @@ The default backend is :class:`arag.index.qdrant_edge.EdgeStore`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, Self, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -101,3 +101,42 @@ class Store(Protocol):
     def close(self) -> None:
         """Release the index (and its lock); the store is unusable afterwards."""
         ...
+
+
+class ClosingStore:
+    """Closing as both Qdrant backends do it: the engine released once, then the release callbacks.
+
+    A backend says whether its engine is ``closed`` and how to ``_release_engine``; the callbacks run
+    even when releasing the engine failed, so the library lock never outlives the store."""
+
+    def __init__(self) -> None:
+        self._on_close: list[Callable[[], None]] = []
+
+    @property
+    def closed(self) -> bool:
+        """Whether the engine was released (the store is unusable)."""
+        raise NotImplementedError
+
+    def _release_engine(self) -> None:
+        """Flush and release the engine's handle and its lock; ``closed`` is True afterwards."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the engine, then run the release callbacks; calling it twice is harmless."""
+        if self.closed:
+            return
+        try:
+            self._release_engine()
+        finally:
+            for release in self._on_close:
+                release()
+
+    def release_on_close(self, release: Callable[[], None]) -> None:
+        """Call ``release`` when the store closes (the library lock that open_store took)."""
+        self._on_close.append(release)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -298,18 +298,23 @@ def _cut_long_units(limits: Sequence[tuple[_Sec, int]], count_tokens: TokenCount
         sec.groups = [[p for u in g for p in replaced.get(id(u), [u])] for g in sec.groups]
 
 
+def _fill(units: Sequence[_Unit], limit: int) -> list[list[_Unit]]:
+    """Greedily pack units, in order, into runs of at most ``limit`` tokens (a unit over it alone)."""
+    runs: list[list[_Unit]] = []
+    used = 0
+    for u in units:
+        if runs and used + u.tokens <= limit:
+            runs[-1].append(u)
+            used += u.tokens
+        else:
+            runs.append([u])
+            used = u.tokens
+    return runs
+
+
 def _merge_words(words: Sequence[_Unit], limit: int) -> list[_Unit]:
     """Greedily join word units (one group) into pieces of at most ``limit`` tokens."""
-    pieces: list[list[_Unit]] = []
-    used = 0
-    for w in words:
-        if pieces and used + w.tokens <= limit:
-            pieces[-1].append(w)
-            used += w.tokens
-        else:
-            pieces.append([w])
-            used = w.tokens
-    return [_Unit(" ".join(w.text for w in p), _total(p), p[0].group) for p in pieces]
+    return [_Unit(" ".join(w.text for w in p), _total(p), p[0].group) for p in _fill(words, limit)]
 
 
 def _cut_word(word: _Unit, limit: int, count_tokens: TokenCounter) -> list[_Unit]:
@@ -420,16 +425,7 @@ def _table_drafts(sec: _Sec, header: _Unit | None) -> list[_Draft]:
     if _total(whole) <= sec.ceiling:
         return [_Draft("table", sec.name, lines, header=header)]
     room = sec.ceiling - (header.tokens if header is not None else 0)
-    groups: list[list[_Unit]] = []
-    used = 0
-    for line in lines:
-        if groups and used + line.tokens <= room:
-            groups[-1].append(line)
-            used += line.tokens
-        else:
-            groups.append([line])
-            used = line.tokens
-    return [_Draft("table", sec.name, g, header=header) for g in groups]
+    return [_Draft("table", sec.name, g, header=header) for g in _fill(lines, room)]
 
 
 def _verify(drafts: list[_Draft], title: str, count_tokens: TokenCounter, max_tokens: int) -> list[int]:

@@ -46,13 +46,10 @@ def pending_build(settings: Settings) -> BuildTarget | None:
         return BuildTarget(
             max_papers=settings.corpus.max_papers, paper_ids=settings.corpus.paper_ids, reason="empty"
         )
-    state = LibraryState(settings.state_db)
-    try:
+    with LibraryState(settings.state_db) as state:
         pending = state.get_meta(PENDING_KEY)
         rows = state.papers()
         last = state.get_meta("last_build")
-    finally:
-        state.close()
     if isinstance(pending, dict):
         return BuildTarget(**pending, reason="interrupted")
     if not rows:
@@ -111,11 +108,8 @@ def open_for_building(settings: Settings, embedder: BaseEmbedder | None = None) 
         settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir
     )
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    state = LibraryState(settings.state_db)
-    try:
+    with LibraryState(settings.state_db) as state:
         check_model(state, embedder, settings)
-    finally:
-        state.close()
     return open_store(settings, embedder.dim), embedder
 
 
@@ -166,8 +160,7 @@ def library_status(settings: Settings) -> LibraryStatus:
     """Figures about the library on disk; does not load any model."""
     from arag.index.factory import open_store, store_backend
 
-    state = LibraryState(settings.state_db)
-    try:
+    with LibraryState(settings.state_db) as state:
         rows = state.papers()
         dim = state.get_meta("embedding_dim")
         by_source: dict[str, int] = {}
@@ -198,17 +191,12 @@ def library_status(settings: Settings) -> LibraryStatus:
             failures=state.failures(),
             last_build=state.get_meta("last_build"),
         )
-    finally:
-        state.close()
 
 
 def list_papers(settings: Settings, *, topic: int | None = None) -> list[PaperRow]:
     """The papers in the library, optionally those of one topic."""
-    state = LibraryState(settings.state_db)
-    try:
+    with LibraryState(settings.state_db) as state:
         return state.papers(topic=topic)
-    finally:
-        state.close()
 
 
 def open_for_search(settings: Settings) -> tuple[Store, BaseEmbedder]:
@@ -225,14 +213,11 @@ def _open_search(
     from arag.index.factory import open_store
     from arag.models.factory import get_embedder
 
-    state = LibraryState(settings.state_db)
-    try:
+    with LibraryState(settings.state_db) as state:
         model = state.get_meta("embedding_model")
         dim = state.get_meta("embedding_dim")
         n = len(state.build_keys())
         papers = state.papers() if with_papers else []
-    finally:
-        state.close()
     if model is None or dim is None or n == 0:
         raise InputError(
             f"there is no library in {settings.data_dir}",

@@ -181,25 +181,21 @@ def migrate_library(
             where="arag library migrate --to",
             fix="give another URL or --collection",
         )
-    state = LibraryState(settings.state_db)
-    try:
+    with LibraryState(settings.state_db) as state:
         dim = state.get_meta("embedding_dim")
-    finally:
-        state.close()
     if dim is None:
         raise InputError(
             f"there is no library in {settings.data_dir}",
             where="ARAG_DATA_DIR",
             fix="build it first: arag library build",
         )
-    key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key is not None else None
 
     def open_target() -> QdrantServerStore:
         return QdrantServerStore.open(
             to,
             int(dim),
             collection=coll,
-            api_key=key,
+            api_key=settings.qdrant_key,
             shards=settings.store.shards,
             replication_factor=settings.store.replication_factor,
         )

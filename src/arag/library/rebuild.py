@@ -92,17 +92,17 @@ def _drop_collection(settings: Settings) -> None:
 
     if not settings.state_db.exists() or not settings.qdrant_url:
         return
-    state = LibraryState(settings.state_db)
-    try:
+    with LibraryState(settings.state_db) as state:
         dim = state.get_meta("embedding_dim")
-    finally:
-        state.close()
     if dim is None:
         return
-    key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key is not None else None
     try:
         store = QdrantServerStore.open(
-            settings.qdrant_url, int(dim), collection=settings.collection, api_key=key, create=False
+            settings.qdrant_url,
+            int(dim),
+            collection=settings.collection,
+            api_key=settings.qdrant_key,
+            create=False,
         )
     except StoreError:
         return  # no collection: nothing to drop
@@ -131,11 +131,8 @@ def _clean_leftovers(settings: Settings, keep: set[str]) -> None:
 def _added_rows(settings: Settings) -> list[PaperRow]:
     if not settings.state_db.exists():
         return []
-    state = LibraryState(settings.state_db)
-    try:
+    with LibraryState(settings.state_db) as state:
         return [r for r in state.papers() if r.source != "qasper"]
-    finally:
-        state.close()
 
 
 def rebuild_library(

@@ -93,6 +93,12 @@ class LibraryState:
     def close(self) -> None:
         self._db.close()
 
+    def __enter__(self) -> LibraryState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # papers
     def papers(self, *, topic: int | None = None) -> list[PaperRow]:
         sql = "SELECT * FROM papers"

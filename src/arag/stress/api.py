@@ -9,7 +9,6 @@ what they cost users).
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ import httpx
 from pydantic import BaseModel
 
 from arag.errors import ConfigError
-from arag.stress.common import cli_command, cli_env, make_workdir, quiet, tail
+from arag.stress.common import cli_command, cli_env, make_workdir, quiet, stop_cli, tail
 from arag.stress.fuzz import FuzzReport, run_fuzz
 from arag.stress.hardening import HardeningReport, run_hardening
 from arag.stress.load import LoadReport, run_load
@@ -69,12 +68,7 @@ def serving(data_dir: Path, port: int, log: Path, **env: str) -> Iterator[str]:
             time.sleep(0.5)
         yield url
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_cli(proc, 30)
 
 
 def run_api_stress(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel
@@ -58,6 +60,19 @@ def run_logged(cmd: list[str], env: dict[str, str], log: Path, cwd: Path, timeou
             return subprocess.run(cmd, env=env, stdout=out, stderr=out, cwd=cwd, timeout=timeout_s).returncode
         except subprocess.TimeoutExpired:
             return None
+
+
+def stop_cli(proc: subprocess.Popen[Any], timeout_s: float) -> None:
+    """Stop a CLI child as Ctrl-C does (SIGINT: `arag serve` shuts down cleanly), killing it when it
+    has not exited within ``timeout_s``; nothing for one that has exited already."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def clear(*dirs: Path) -> None:

@@ -70,12 +70,9 @@ def library_key(settings: Settings) -> str:
     settings): mined data is cached under it."""
     from arag.library.state import LibraryState
 
-    state = LibraryState(settings.state_db)
-    try:
+    with LibraryState(settings.state_db) as state:
         keys = state.build_keys()
         model = state.get_meta("embedding_model")
-    finally:
-        state.close()
     blob = "\n".join(f"{k}={v}" for k, v in sorted(keys.items())) + f"\n{model}\n{settings.retrieval!r}"
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
