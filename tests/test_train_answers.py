@@ -19,8 +19,8 @@ from arag.agent import build_agent
 from arag.cli.main import app
 from arag.errors import ModelError
 from arag.library.manage import build_library, open_retrieval
+from arag.models.onnx_files import file_sha256
 from arag.models.reader import CARD_FILE, CLASSES, MODEL_FILE, OnnxReader, ReaderCard, get_reader
-from arag.models.reranker import file_sha256
 from arag.settings import Settings, get_settings
 from arag.train.reader import ReaderConfig
 from arag.train.reader_pipeline import train_answers

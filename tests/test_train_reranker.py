@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from arag.cli.main import app
 from arag.errors import ModelError
 from arag.library.manage import build_library
-from arag.models.reranker import CARD_FILE, MODEL_FILE, ModelCard, OnnxReranker, file_sha256, get_reranker
+from arag.models.onnx_files import CARD_FILE, MODEL_FILE, file_sha256
+from arag.models.reranker import ModelCard, OnnxReranker, get_reranker
 from arag.settings import Settings, get_settings
 from arag.train.reranker import TrainConfig
 from arag.train.reranker_pipeline import train_reranker

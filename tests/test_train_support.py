@@ -33,7 +33,8 @@ from arag.cli.main import app
 from arag.errors import ModelError
 from arag.library.manage import list_papers
 from arag.llm.scripted import ScriptedLLM
-from arag.models.reranker import CARD_FILE, MODEL_FILE, ModelCard, OnnxReranker, file_sha256
+from arag.models.onnx_files import CARD_FILE, MODEL_FILE, file_sha256
+from arag.models.reranker import ModelCard, OnnxReranker
 from arag.settings import Settings, get_settings
 from arag.train.calibrate import fit_combined, fit_platt
 from arag.train.data import SupportExample, SupportPair

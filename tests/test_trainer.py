@@ -12,7 +12,8 @@ import pytest
 
 import arag.train.trainer as trainer
 from arag.library.build import Progress
-from arag.models.reranker import CARD_FILE, MODEL_FILE, ModelCard, file_sha256, read_card
+from arag.models.onnx_files import CARD_FILE, MODEL_FILE, file_sha256
+from arag.models.reranker import ModelCard, read_card
 from arag.train.reranker import TrainConfig, TrainStats
 from arag.train.trainer import Trained, train_and_install
 

@@ -25,7 +25,8 @@ from arag.agent import prompts
 from arag.agent.terms import key_terms, strip_citations, strip_placeholders
 from arag.errors import AragError, ModelError, ModelUnavailable
 from arag.llm.base import LLM, ChatMessage
-from arag.models.reranker import CARD_FILE, MODEL_FILE, OnnxReranker
+from arag.models.onnx_files import CARD_FILE, MODEL_FILE
+from arag.models.reranker import OnnxReranker
 from arag.text import tokenize
 
 log = logging.getLogger(__name__)

@@ -122,7 +122,7 @@ def _train(
     """Both ``arag train`` runs: None when a model is installed in ``target`` and not ``force``d, else
     the card ``trainer`` installs, trained on ``paths`` (train, validation; default the packaged
     QASPER splits) with the first ``limits`` questions of each."""
-    from arag.models.reranker import CARD_FILE
+    from arag.models.onnx_files import CARD_FILE
 
     if (target / CARD_FILE).is_file() and not force:
         console.print(f"a trained {what} is installed in {target}: --force retrains it")

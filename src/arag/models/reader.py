@@ -8,7 +8,6 @@ annotators' spans), so decoding maps word-piece positions back through the token
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,9 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from arag.errors import ModelError
+from arag.models.onnx_files import CARD_FILE, MODEL_FILE, open_session, read_model_card, replace_model_card
 from arag.settings import Settings
 
 if TYPE_CHECKING:
@@ -27,8 +27,7 @@ if TYPE_CHECKING:
 # The passage classes, in the order of the model's class logits.
 CLASSES: tuple[str, ...] = ("none", "span", "yes", "no", "free")
 NONE, SPAN, YES, NO, FREE = range(len(CLASSES))
-MODEL_FILE = "model.onnx"
-CARD_FILE = "card.json"
+RETRAIN = "arag train answers --force"
 # Questions are cut to this many word-pieces, so the passage keeps its room.
 MAX_QUESTION_TOKENS = 48
 # A span longer than this many word-pieces is not a short answer.
@@ -123,25 +122,11 @@ def char_span(enc: Encoding, start: int, end: int) -> tuple[int, int]:
 
 def load_card(folder: Path) -> ReaderCard:
     """The reader's model card; a ModelError saying what to do when absent or broken."""
-    path = folder / CARD_FILE
-    if not path.is_file() or not (folder / MODEL_FILE).is_file():
-        raise ModelError(f"no trained answer reader in {folder}", where=WHERE, fix=FIX)
-    try:
-        return ReaderCard.model_validate(json.loads(path.read_text()))
-    except (json.JSONDecodeError, ValidationError) as exc:
-        raise ModelError(
-            f"the answer reader's model card is unreadable: {exc}",
-            where=str(path),
-            fix="retrain it with `arag train answers --force`",
-        ) from exc
+    missing = ModelError(f"no trained answer reader in {folder}", where=WHERE, fix=FIX)
+    return read_model_card(folder, ReaderCard, missing=missing, what="answer reader", retrain=RETRAIN)
 
 
-def replace_reader_card(folder: Path, card: ReaderCard) -> None:
-    """Write ``card`` as ``folder``'s card in one rename: a crash leaves the old card or the new one."""
-    path = folder / CARD_FILE
-    tmp = path.with_suffix(".json.part")
-    tmp.write_text(card.model_dump_json(indent=2))
-    tmp.replace(path)
+replace_reader_card = replace_model_card
 
 
 def load_reader_tokenizer(max_length: int) -> Tokenizer:
@@ -215,34 +200,19 @@ class OnnxReader:
         card: ReaderCard | None = None,
         model_file: Path | None = None,
     ) -> None:
-        import onnxruntime as ort
-
-        from arag.models.onnx_minilm import session_options
-        from arag.models.reranker import file_sha256
-
         self.card = card or load_card(folder)
-        model = model_file or folder / MODEL_FILE
-        if card is None and file_sha256(model) != self.card.onnx_sha256:
-            raise ModelError(
-                "the answer reader's model.onnx does not match the sha256 in its model card",
-                where=str(model),
-                fix="the file was changed or cut short: retrain with `arag train answers --force`",
-            )
+        self._session = open_session(
+            model_file or folder / MODEL_FILE,
+            threads,
+            sha256=None if card is not None else self.card.onnx_sha256,
+            what="answer reader",
+            retrain=RETRAIN,
+        )
         self.name = f"reader:{self.card.model_id}"
         self.thresholds = dict(self.card.thresholds)
         self.max_length = self.card.max_length
         self._tok = load_reader_tokenizer(self.max_length)
         self._lock = threading.Lock()  # tokenizers' padding state is per object
-        try:
-            self._session = ort.InferenceSession(
-                str(model), sess_options=session_options(threads), providers=["CPUExecutionProvider"]
-            )
-        except Exception as exc:
-            raise ModelError(
-                f"ONNX Runtime could not load the answer reader: {exc}",
-                where=str(model),
-                fix="retrain it with `arag train answers --force`",
-            ) from exc
 
     def read(self, question: str, passages: Sequence[str]) -> list[Reading]:
         """The reader's Reading of each passage for ``question``."""

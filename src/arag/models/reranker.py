@@ -10,8 +10,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import threading
 from collections.abc import Sequence
@@ -19,9 +17,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from arag.errors import ConfigError, ModelError
+from arag.models.onnx_files import (
+    MODEL_FILE,
+    open_session,
+    read_model_card,
+    replace_model_card,
+)
 from arag.records import Chunk
 from arag.settings import Settings
 
@@ -30,8 +34,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MODEL_FILE = "model.onnx"
-CARD_FILE = "card.json"
 # The question is cut to this many word-pieces before the passage is: a pasted paragraph as the
 # question must not leave the passage no room.
 MAX_QUERY_TOKENS = 64
@@ -67,12 +69,7 @@ class ModelCard(BaseModel):
     calibration: dict[str, Any] = Field(default_factory=dict)
 
 
-def replace_card(folder: Path, card: ModelCard) -> None:
-    """Write ``card`` as ``folder``'s card in one rename: a crash leaves the old card or the new one."""
-    path = folder / CARD_FILE
-    tmp = path.with_suffix(".json.part")
-    tmp.write_text(card.model_dump_json(indent=2))
-    tmp.replace(path)
+replace_card = replace_model_card
 
 
 def pair_text(chunk: Chunk) -> str:
@@ -130,32 +127,18 @@ def encode_pairs(
     return ids, mask, types
 
 
+RETRAIN = "arag train reranker --force"
+
+
 def read_card(folder: Path) -> ModelCard:
     """The model card of a trained reranker; a ModelError saying what to do when absent or broken."""
-    path = folder / CARD_FILE
-    if not path.is_file() or not (folder / MODEL_FILE).is_file():
-        raise ModelError(
-            f"no trained reranker in {folder}",
-            where="ARAG_RERANK__PROVIDER=trained",
-            fix="train it once with `arag train reranker` (about 15 minutes on 2 cores; `make serve` "
-            "does it on first run), or set ARAG_RERANK__PROVIDER=none to search without reranking",
-        )
-    try:
-        return ModelCard.model_validate(json.loads(path.read_text()))
-    except (json.JSONDecodeError, ValidationError) as exc:
-        raise ModelError(
-            f"the reranker's model card is unreadable: {exc}",
-            where=str(path),
-            fix="retrain it with `arag train reranker --force`",
-        ) from exc
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    missing = ModelError(
+        f"no trained reranker in {folder}",
+        where="ARAG_RERANK__PROVIDER=trained",
+        fix="train it once with `arag train reranker` (about 15 minutes on 2 cores; `make serve` "
+        "does it on first run), or set ARAG_RERANK__PROVIDER=none to search without reranking",
+    )
+    return read_model_card(folder, ModelCard, missing=missing, what="reranker", retrain=RETRAIN)
 
 
 class OnnxReranker:
@@ -172,34 +155,20 @@ class OnnxReranker:
     ) -> None:
         """Load ``folder``'s model and card; training passes a ``card`` and ``model_file`` directly
         to score candidates before anything is installed."""
-        import onnxruntime as ort
-
-        from arag.models.onnx_minilm import session_options
-
         self.card = card or read_card(folder)
-        model = model_file or folder / MODEL_FILE
-        if card is None and file_sha256(model) != self.card.onnx_sha256:
-            raise ModelError(
-                "the reranker's model.onnx does not match the sha256 in its model card",
-                where=str(model),
-                fix="the file was changed or cut short: retrain with `arag train reranker --force`",
-            )
+        self._session = open_session(
+            model_file or folder / MODEL_FILE,
+            threads,
+            sha256=None if card is not None else self.card.onnx_sha256,
+            what="reranker",
+            retrain=RETRAIN,
+        )
         self.name = f"trained:{self.card.model_id}"
         self.bars: Bars | None = self.card.bars
         self.fusion_weight = self.card.fusion_weight
         self.max_length = max_length or self.card.inference_max_length or self.card.max_length
         self._tok = load_pair_tokenizer(self.max_length)
         self._lock = threading.Lock()  # tokenizers' padding state is per object
-        try:
-            self._session = ort.InferenceSession(
-                str(model), sess_options=session_options(threads), providers=["CPUExecutionProvider"]
-            )
-        except Exception as exc:
-            raise ModelError(
-                f"ONNX Runtime could not load the reranker: {exc}",
-                where=str(model),
-                fix="retrain it with `arag train reranker --force`",
-            ) from exc
         self._inputs = {i.name for i in self._session.get_inputs()}
 
     def score(self, query: str, passages: Sequence[str]) -> np.ndarray:

@@ -24,7 +24,7 @@ from arag.errors import AragError, Cancelled
 from arag.index.store import Store
 from arag.library.build import Progress
 from arag.library.manage import BuildTarget
-from arag.models.reranker import CARD_FILE
+from arag.models.onnx_files import CARD_FILE
 from arag.service.schemas import BuildStatus, TrainState, TrainStatus
 from arag.settings import Settings
 

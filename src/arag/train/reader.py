@@ -28,7 +28,7 @@ from arag.models.reader import (
     passage_mask,
 )
 from arag.train.reader_data import ReaderExample
-from arag.train.reranker import OPSET, base_model_path, require_torch
+from arag.train.reranker import OPSET, base_model_path, make_optimizer, optimizer_step, require_torch
 
 if TYPE_CHECKING:
     import torch
@@ -184,20 +184,7 @@ def train_reader_net(
         plan += order
     plan = plan[: int(round(len(plan) * cfg.epochs / epochs))]
     steps = (len(plan) + cfg.batch - 1) // cfg.batch
-    opt = torch.optim.AdamW(
-        [
-            {"params": net.get_submodule("bert").parameters(), "lr": cfg.lr},
-            {
-                "params": [*net.get_submodule("span").parameters(), *net.get_submodule("cls").parameters()],
-                "lr": cfg.head_lr,
-            },
-        ],
-        weight_decay=0.01,
-    )
-    warm = max(1, int(steps * cfg.warmup))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * max(0.0, (steps - s) / max(1, steps - warm))
-    )
+    opt, sched = make_optimizer(net, ["span", "cls"], cfg.lr, cfg.head_lr, steps, cfg.warmup)
     if on_start:
         on_start(steps)
     net.train()
@@ -208,12 +195,7 @@ def train_reader_net(
         inputs, labels, ts, te, allowed = batch_tensors(tok, batch)
         start, end, cls = net(**inputs)
         loss = reader_loss(start, end, cls, labels, ts, te, allowed)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
+        losses.append(optimizer_step(net, opt, sched, loss))
         if on_step:
             on_step(1)
     seconds = time.perf_counter() - t0

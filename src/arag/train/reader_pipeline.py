@@ -23,8 +23,8 @@ from arag.corpus.qasper import load_qasper
 from arag.corpus.qasper_questions import held_out_paper, read_question_items
 from arag.errors import ModelError
 from arag.eval.qasper_metrics import token_f1_score
+from arag.models.onnx_files import file_sha256
 from arag.models.reader import CARD_FILE, CLASSES, MODEL_FILE, NO, NONE, YES, OnnxReader, ReaderCard
-from arag.models.reranker import file_sha256
 from arag.settings import Settings
 from arag.train.reader import ReaderConfig, export_reader, torch_outputs, train_reader_net
 from arag.train.reader_data import ReaderExample, build_examples

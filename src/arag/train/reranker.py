@@ -156,6 +156,45 @@ class TrainStats(BaseModel):
     final_loss: float
 
 
+def make_optimizer(
+    net: torch.nn.Module, heads: Sequence[str], lr: float, head_lr: float, steps: int, warmup: float
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """AdamW with the MiniLM body at ``lr`` and the ``heads`` at ``head_lr``; linear warm-up over
+    ``warmup`` of the steps, then linear decay to zero."""
+    import torch
+
+    head_params = [p for h in heads for p in net.get_submodule(h).parameters()]
+    opt = torch.optim.AdamW(
+        [
+            {"params": net.get_submodule("bert").parameters(), "lr": lr},
+            {"params": head_params, "lr": head_lr},
+        ],
+        weight_decay=0.01,
+    )
+    warm = max(1, int(steps * warmup))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * max(0.0, (steps - s) / max(1, steps - warm))
+    )
+    return opt, sched
+
+
+def optimizer_step(
+    net: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    loss: torch.Tensor,
+) -> float:
+    """One step on ``loss`` (gradients clipped at norm 1); the loss's value."""
+    import torch
+
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return float(loss.item())
+
+
 def train_net(
     mined: Sequence[MinedQuestion],
     cfg: TrainConfig,
@@ -184,17 +223,7 @@ def train_net(
             where="arag train reranker",
             fix="build the full library first (arag library build) so the QASPER train papers are in it",
         )
-    opt = torch.optim.AdamW(
-        [
-            {"params": net.get_submodule("bert").parameters(), "lr": cfg.lr},
-            {"params": net.get_submodule("head").parameters(), "lr": cfg.head_lr},
-        ],
-        weight_decay=0.01,
-    )
-    warm = max(1, int(steps * cfg.warmup))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * max(0.0, (steps - s) / max(1, steps - warm))
-    )
+    opt, sched = make_optimizer(net, ["head"], cfg.lr, cfg.head_lr, steps, cfg.warmup)
     if on_start:
         on_start(steps)
     net.train()
@@ -214,12 +243,7 @@ def train_net(
         ids_t, mask_t, type_t = (_pad_rows(arrs, longest) for arrs in (ids_l, mask_l, type_l))
         logits = net(ids_t, mask_t, type_t).view(len(batch), width)
         loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
+        losses.append(optimizer_step(net, opt, sched, loss))
         pairs += len(batch) * width
         if on_step:
             on_step(1)

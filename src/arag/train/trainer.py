@@ -26,7 +26,8 @@ from arag.errors import ModelError
 from arag.index.store import Store
 from arag.library.build import Progress
 from arag.models.embedder import BaseEmbedder
-from arag.models.reranker import CARD_FILE, MODEL_FILE, ModelCard, OnnxReranker, file_sha256
+from arag.models.onnx_files import CARD_FILE, MODEL_FILE, file_sha256
+from arag.models.reranker import ModelCard, OnnxReranker
 from arag.settings import Settings
 from arag.train.data import MinedQuestion
 from arag.train.reranker import BASE_MODEL, TrainConfig, TrainStats, export_variants, torch_scores, train_net

@@ -1,0 +1,76 @@
+"""A trained model's folder as both trained models keep it (the reranker, the answer reader):
+``model.onnx`` beside ``card.json``, the card naming the file's sha256. Reading the card, checking the
+file against it and opening an ONNX Runtime session are done here once, with errors that say how to
+retrain."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from arag.errors import ModelError
+
+MODEL_FILE = "model.onnx"
+CARD_FILE = "card.json"
+C = TypeVar("C", bound=BaseModel)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_model_card(folder: Path, card_type: type[C], *, missing: ModelError, what: str, retrain: str) -> C:
+    """``folder``'s card; ``missing`` when the card or the model is absent, a ModelError naming the
+    ``retrain`` command when the card is unreadable."""
+    path = folder / CARD_FILE
+    if not path.is_file() or not (folder / MODEL_FILE).is_file():
+        raise missing
+    try:
+        return card_type.model_validate(json.loads(path.read_text()))
+    except (json.JSONDecodeError, ValidationError) as exc:
+        raise ModelError(
+            f"the {what}'s model card is unreadable: {exc}",
+            where=str(path),
+            fix=f"retrain it with `{retrain}`",
+        ) from exc
+
+
+def replace_model_card(folder: Path, card: BaseModel) -> None:
+    """Write ``card`` as ``folder``'s card in one rename: a crash leaves the old card or the new one."""
+    path = folder / CARD_FILE
+    tmp = path.with_suffix(".json.part")
+    tmp.write_text(card.model_dump_json(indent=2))
+    tmp.replace(path)
+
+
+def open_session(model: Path, threads: int, *, sha256: str | None, what: str, retrain: str) -> Any:
+    """An ONNX Runtime session over ``model``, after checking it against ``sha256`` (None: a model
+    being trained, not installed yet)."""
+    import onnxruntime as ort
+
+    from arag.models.onnx_minilm import session_options
+
+    if sha256 is not None and file_sha256(model) != sha256:
+        raise ModelError(
+            f"the {what}'s model.onnx does not match the sha256 in its model card",
+            where=str(model),
+            fix=f"the file was changed or cut short: retrain with `{retrain}`",
+        )
+    try:
+        return ort.InferenceSession(
+            str(model), sess_options=session_options(threads), providers=["CPUExecutionProvider"]
+        )
+    except Exception as exc:
+        raise ModelError(
+            f"ONNX Runtime could not load the {what}: {exc}",
+            where=str(model),
+            fix=f"retrain with `{retrain}`",
+        ) from exc
