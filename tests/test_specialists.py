@@ -77,6 +77,7 @@ def test_decide_follows_the_thresholds_by_answer_type() -> None:
     assert decide("span", False, s, th) == ("span", "BERT")
     assert decide("yes_no", False, s, th) == ("yes_no", "No")
     assert decide("free_form", False, s, th) == ("keep", "")
+    assert decide("free_form", False, s, Thresholds(free=0.5)) == ("span", "BERT")
     assert decide("span", True, s, th) == ("answer", "BERT")
     assert decide("yes_no", True, s, th) == ("keep", "")  # only a span answers an abstention
     low = Summary(0.2, "BERT", 0, 0.5, "No", 0.6)
@@ -127,6 +128,7 @@ def test_the_fit_turns_on_only_the_rules_that_help() -> None:
     assert fig["answer_f1_after"] == pytest.approx(1.0)
     assert fig["answer_f1_before"] == pytest.approx(0.65)
     assert th.abstain == -math.inf and th.answer == math.inf and th.yes_no == math.inf
+    assert th.free == math.inf
 
 
 # --- training examples ----------------------------------------------------------------------------

@@ -133,15 +133,18 @@ def test_the_specialists_replace_a_span_answer_with_the_readers_span(
         assert any(a.short_answer in c.text for c in a.chunks), a.short_answer
 
 
-def test_without_a_reader_the_answer_ends_at_the_verifier(lib: Settings, trained: ReaderCard) -> None:
+def test_without_a_fit_reader_the_answer_ends_at_the_verifier(lib: Settings, trained: ReaderCard) -> None:
     off = lib.model_copy(update={"reader": lib.reader.model_copy(update={"provider": "none"})})
     assert get_reader(off) is None
-    retrieval = open_retrieval(off)
+    unfit = get_reader(lib)  # installed, thresholds never fit: it would change nothing, so it is not run
+    assert unfit is not None and unfit.thresholds == {}
+    retrieval = open_retrieval(lib)
     try:
-        a = build_agent(off, retrieval.reranking(), None).run(SPAN_QUESTION)
+        for settings, reader in ((off, None), (lib, unfit)):
+            a = build_agent(settings, retrieval.reranking(), None, reader=reader).run(SPAN_QUESTION)
+            assert [e.node for e in a.events][-1] == "verifier"
     finally:
         retrieval.close()
-    assert [e.node for e in a.events][-1] == "verifier"
 
 
 def test_train_answers_cli_installs_then_declines_to_retrain(

@@ -29,7 +29,7 @@ from arag.agent.planner import make_planner
 from arag.agent.reformulator import make_reformulate_edge, make_reformulator
 from arag.agent.retrieve import make_retrieval_node
 from arag.agent.router import make_about, make_direct, make_router, route_edge
-from arag.agent.specialists import make_specialists
+from arag.agent.specialists import make_specialists, uses_reader
 from arag.agent.state import AgentState, Step
 from arag.agent.support import (
     CombinedSupport,
@@ -109,8 +109,10 @@ def build_graph(deps: AgentDeps):
         "specialists": make_specialists,
     }
     g = StateGraph(AgentState)
-    # Without a reader the specialists have nothing to say: the answer ends at the verifier.
-    nodes = NODES if deps.reader is not None else tuple(n for n in NODES if n != "specialists")
+    # Without a reader (or one whose thresholds were never fit) the specialists have nothing to
+    # say: the answer ends at the verifier.
+    specialists = uses_reader(deps)
+    nodes = NODES if specialists else tuple(n for n in NODES if n != "specialists")
     for name in nodes:
         g.add_node(name, timed(name, makers[name](deps), deps))
     g.add_edge(START, "router")
@@ -123,7 +125,7 @@ def build_graph(deps: AgentDeps):
     g.add_conditional_edges("reformulator", make_reformulate_edge(), ["retriever", "context"])
     g.add_edge("context", "synthesizer")
     g.add_edge("synthesizer", "verifier")
-    if deps.reader is not None:
+    if specialists:
         g.add_edge("verifier", "specialists")
         g.add_edge("specialists", END)
     else:

@@ -2,7 +2,9 @@
 the context passages and may change the short answer, by the question's type:
 
 - a span question answered by the LLM gets the reader's best span, copied from its passage, when
-  the reader is confident enough (the official metric is token F1 against annotators' spans);
+  the reader is confident enough (the official metric is token F1 against annotators' spans); so
+  does a free-form question, by its own threshold (QASPER's annotators answer many "what is"
+  questions with a span);
 - a yes/no question answered by the LLM gets the reader's yes or no when its margin is large;
 - an abstention becomes an answer when the reader finds a span it is confident of: the sentence
   holding it, cited, is the claim, checked by the support scorer like any other;
@@ -37,6 +39,7 @@ class Thresholds:
     """When each rule acts (see the module doc); the defaults leave every answer as it is."""
 
     span: float = math.inf
+    free: float = math.inf
     yes_no: float = math.inf
     answer: float = math.inf
     abstain: float = -math.inf
@@ -44,6 +47,16 @@ class Thresholds:
     @classmethod
     def of(cls, values: Mapping[str, float]) -> Thresholds:
         return cls(**{k: float(v) for k, v in values.items() if k in cls.__dataclass_fields__})
+
+    def active(self) -> bool:
+        """Whether any rule can change an answer."""
+        return self != Thresholds()
+
+
+def uses_reader(deps: AgentDeps) -> bool:
+    """Whether the specialists have anything to do: a reader with at least one rule on (a reader
+    whose thresholds were never fit leaves every answer as it is, so it is not run)."""
+    return deps.reader is not None and Thresholds.of(deps.reader.thresholds).active()
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,8 @@ def decide(answer_type: AnswerType | None, abstained: bool, s: Summary, th: Thre
     if s.p_answer < th.abstain:
         return "abstain", ""
     if answer_type == "span" and s.span and s.span_conf >= th.span:
+        return "span", s.span
+    if answer_type == "free_form" and s.span and s.span_conf >= th.free:
         return "span", s.span
     if answer_type == "yes_no" and s.yes_no is not None and s.yes_no_margin >= th.yes_no:
         return "yes_no", s.yes_no

@@ -66,6 +66,7 @@ RULES: dict[str, tuple[Callable[[Summary], float], float]] = {
     "abstain": (lambda s: s.p_answer, -math.inf),
     "answer": (lambda s: s.span_conf, math.inf),
     "span": (lambda s: s.span_conf, math.inf),
+    "free": (lambda s: s.span_conf, math.inf),
     "yes_no": (lambda s: s.yes_no_margin, math.inf),
 }
 
