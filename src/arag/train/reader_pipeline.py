@@ -12,7 +12,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,9 @@ def split_items(items: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
     return train, held
 
 
-def reader_metrics(model: OnnxReader, examples: Sequence[ReaderExample]) -> dict[str, Any]:
+def reader_metrics(
+    model: OnnxReader, examples: Sequence[ReaderExample], advance: Callable[[int], None] | None = None
+) -> dict[str, Any]:
     """On labelled pairs: class accuracy, answerable-vs-none accuracy, span token F1 on pairs with a
     gold span, yes/no accuracy on yes/no pairs, and median ms per pair (one pair a call)."""
     right = answerable_right = 0
@@ -52,6 +54,8 @@ def reader_metrics(model: OnnxReader, examples: Sequence[ReaderExample]) -> dict
         t0 = time.perf_counter()
         r = model.read(ex.question, [ex.passage])[0]
         ms.append(1000 * (time.perf_counter() - t0))
+        if advance is not None:
+            advance(1)
         pred = int(np.argmax(r.probs))
         right += pred == ex.label
         answerable_right += (pred == NONE) == (ex.label == NONE)
@@ -131,9 +135,8 @@ def train_answers(
         figures: dict[str, dict[str, Any]] = {}
         for name, model in models.items():
             with progress(f"held-out pairs ({name})", "pairs") as bar:
-                bar.start(1)
-                figures[name] = reader_metrics(model, held)
-                bar.advance(1)
+                bar.start(len(held))
+                figures[name] = reader_metrics(model, held, bar.advance)
         drop = (figures["fp32"]["span_f1"] or 0.0) - (figures["int8"]["span_f1"] or 0.0)
         use_int8 = cfg.quantize == "int8" or (cfg.quantize == "auto" and drop <= cfg.max_int8_drop)
         chosen = "int8" if use_int8 else "fp32"
