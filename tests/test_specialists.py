@@ -14,7 +14,7 @@ from arag.corpus.qasper_questions import held_out_paper
 from arag.eval.qasper_metrics import references_for_question
 from arag.models.reader import FREE, NO, NONE, SPAN, YES, Reading, best_span
 from arag.records import Paper, Section
-from arag.train.reader_calibrate import Case, fit_thresholds, outcome
+from arag.train.reader_calibrate import Case, fit_thresholds, outcome, thresholds_dict
 from arag.train.reader_data import annotation_kind, find_span, question_examples, with_neighbour
 
 
@@ -55,7 +55,7 @@ def test_best_span_never_ends_before_it_starts_nor_runs_too_long() -> None:
 def test_summary_takes_the_surest_span_and_votes_yes_no() -> None:
     rs = [
         reading(0.9, 0.1, 0.0, 0.0, "weak", 0.9),
-        reading(0.1, 0.7, 0.1, 0.0, "BERT", 0.8),
+        reading(0.1, 0.7, 0.1, 0.0, "BERT BIBREF3.", 0.8),
         reading(0.2, 0.0, 0.2, 0.6),
     ]
     s = summarize(rs)
@@ -129,6 +129,8 @@ def test_the_fit_turns_on_only_the_rules_that_help() -> None:
     assert fig["answer_f1_before"] == pytest.approx(0.65)
     assert th.abstain == -math.inf and th.answer == math.inf and th.yes_no == math.inf
     assert th.free == math.inf
+    # Only the rules that are on are written to the card (JSON has no infinity); the rest are off.
+    assert set(thresholds_dict(th)) == {"span"} and Thresholds.of(thresholds_dict(th)) == th
 
 
 # --- training examples ----------------------------------------------------------------------------

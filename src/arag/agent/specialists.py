@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from arag.agent import prompts
-from arag.agent.answer_type import strip_lead
+from arag.agent.answer_type import normalize_short_answer, strip_lead
 from arag.agent.deps import AgentDeps
 from arag.agent.state import AgentState, ContextPassage, Step
 from arag.agent.synthesizer import with_marker
@@ -86,7 +86,11 @@ def summarize(readings: Sequence[Reading]) -> Summary:
     # The vote counts only when some passage is mostly about yes or no.
     strongest = max(r.probs[YES] + r.probs[NO] for r in readings)
     yes_no = ("Yes" if yes >= no else "No") if mass > 0 else None
-    return Summary(p_answer, readings[k].span.strip(), k, confs[k], yes_no, margin * strongest)
+    # The span as a short answer: without BIBREF-style stand-ins or a trailing stop.
+    span = normalize_short_answer(readings[k].span, "span") if readings[k].span.strip() else ""
+    if span == prompts.NOT_IN_LIBRARY:
+        span = ""
+    return Summary(p_answer, span, k, confs[k], yes_no, margin * strongest)
 
 
 def decide(answer_type: AnswerType | None, abstained: bool, s: Summary, th: Thresholds) -> tuple[Action, str]:

@@ -109,8 +109,8 @@ def fit_thresholds(cases: Sequence[Case], rounds: int = 2) -> tuple[Thresholds, 
 
 
 def thresholds_dict(th: Thresholds) -> dict[str, float]:
-    """JSON-safe thresholds (infinities as large finite numbers are not needed: JSON takes Infinity)."""
-    return {k: getattr(th, k) for k in RULES}
+    """The rules that are on and their thresholds (a rule left out is off: JSON has no infinity)."""
+    return {k: getattr(th, k) for k in RULES if math.isfinite(getattr(th, k))}
 
 
 def load_cases(
