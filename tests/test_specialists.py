@@ -66,6 +66,7 @@ def test_summary_takes_the_surest_span_and_votes_yes_no() -> None:
     # |0.3 - 0.6| / 0.9, times the strongest yes/no passage's mass (0.8)
     assert s.yes_no_margin == pytest.approx((0.3 / 0.9) * 0.8)
     assert summarize([]) == Summary(0.0, "", -1, 0.0, None, 0.0)
+    assert summarize(rs, [0.5, 2.0, -1.0]).evidence == 2.0
 
 
 def test_decide_follows_the_thresholds_by_answer_type() -> None:
@@ -83,6 +84,9 @@ def test_decide_follows_the_thresholds_by_answer_type() -> None:
     low = Summary(0.2, "BERT", 0, 0.5, "No", 0.6)
     assert decide("span", False, low, th) == ("abstain", "")
     assert decide("span", False, s, Thresholds(span=0.6)) == ("keep", "")
+    weak = Summary(0.8, "BERT", 0, 0.5, "No", 0.6, evidence=-2.0)
+    assert decide("span", False, weak, Thresholds(evidence=-1.0)) == ("abstain", "")
+    assert decide("span", False, weak, Thresholds(evidence=-3.0)) == ("keep", "")
 
 
 def test_span_sentence_is_the_sentence_holding_the_span() -> None:
@@ -128,6 +132,7 @@ def test_the_fit_turns_on_only_the_rules_that_help() -> None:
     assert fig["answer_f1_after"] == pytest.approx(1.0)
     assert fig["answer_f1_before"] == pytest.approx(0.65)
     assert th.abstain == -math.inf and th.answer == math.inf and th.yes_no == math.inf
+    assert th.evidence == -math.inf
     assert th.free == math.inf
     # Only the rules that are on are written to the card (JSON has no infinity); the rest are off.
     assert set(thresholds_dict(th)) == {"span"} and Thresholds.of(thresholds_dict(th)) == th

@@ -8,7 +8,8 @@ the context passages and may change the short answer, by the question's type:
 - a yes/no question answered by the LLM gets the reader's yes or no when its margin is large;
 - an abstention becomes an answer when the reader finds a span it is confident of: the sentence
   holding it, cited, is the claim, checked by the support scorer like any other;
-- an answer becomes an abstention when no passage holds an answer by the reader's reckoning.
+- an answer becomes an abstention when no passage holds an answer by the reader's reckoning, or
+  when the best passage's rerank score is low (a calibrated abstention from the retrieval signal).
 
 Each rule has a threshold fit on QASPER train papers held out of the reader's training (``arag
 train answers --calibrate``); a rule whose best threshold does not beat leaving the answer as it is
@@ -43,6 +44,8 @@ class Thresholds:
     yes_no: float = math.inf
     answer: float = math.inf
     abstain: float = -math.inf
+    # An answer whose best passage's rerank score is below this abstains.
+    evidence: float = -math.inf
 
     @classmethod
     def of(cls, values: Mapping[str, float]) -> Thresholds:
@@ -70,12 +73,14 @@ class Summary:
     span_conf: float
     yes_no: str | None
     yes_no_margin: float
+    evidence: float = 0.0
 
 
-def summarize(readings: Sequence[Reading]) -> Summary:
-    """The readings' summary (a pure function)."""
+def summarize(readings: Sequence[Reading], scores: Sequence[float] = ()) -> Summary:
+    """The readings' summary, with the best of the passages' retrieval ``scores`` (a pure function)."""
+    evidence = max(scores) if scores else 0.0
     if not readings:
-        return Summary(0.0, "", -1, 0.0, None, 0.0)
+        return Summary(0.0, "", -1, 0.0, None, 0.0, evidence)
     p_answer = max(r.p_answer for r in readings)
     confs = [r.probs[SPAN] * r.span_prob if r.span.strip() else 0.0 for r in readings]
     k = max(range(len(readings)), key=lambda i: confs[i])
@@ -90,7 +95,7 @@ def summarize(readings: Sequence[Reading]) -> Summary:
     span = normalize_short_answer(readings[k].span, "span") if readings[k].span.strip() else ""
     if span == prompts.NOT_IN_LIBRARY:
         span = ""
-    return Summary(p_answer, span, k, confs[k], yes_no, margin * strongest)
+    return Summary(p_answer, span, k, confs[k], yes_no, margin * strongest, evidence)
 
 
 def decide(answer_type: AnswerType | None, abstained: bool, s: Summary, th: Thresholds) -> tuple[Action, str]:
@@ -99,7 +104,7 @@ def decide(answer_type: AnswerType | None, abstained: bool, s: Summary, th: Thre
         if answer_type == "span" and s.span and s.span_conf >= th.answer:
             return "answer", s.span
         return "keep", ""
-    if s.p_answer < th.abstain:
+    if s.p_answer < th.abstain or s.evidence < th.evidence:
         return "abstain", ""
     if answer_type == "span" and s.span and s.span_conf >= th.span:
         return "span", s.span
@@ -135,7 +140,7 @@ def make_specialists(deps: AgentDeps):
         if reader is None or answer.route != "research" or answer.form != "answer" or not passages:
             return Step({}, "not a one-paper answer", {})
         readings = reader.read(strip_lead(answer.question), [p.chunk.text for p in passages])
-        s = summarize(readings)
+        s = summarize(readings, [p.score for p in passages])
         action, short = decide(answer.answer_type, answer.abstained, s, thresholds)
         counts = {"p_answer": round(s.p_answer, 3), "span_conf": round(s.span_conf, 3)}
         if action == "keep":

@@ -64,6 +64,7 @@ def mean_f1(cases: Sequence[Case], th: Thresholds) -> float:
 # Each rule's confidence and the value that turns it off.
 RULES: dict[str, tuple[Callable[[Summary], float], float]] = {
     "abstain": (lambda s: s.p_answer, -math.inf),
+    "evidence": (lambda s: s.evidence, -math.inf),
     "answer": (lambda s: s.span_conf, math.inf),
     "span": (lambda s: s.span_conf, math.inf),
     "free": (lambda s: s.span_conf, math.inf),
@@ -134,7 +135,8 @@ def load_cases(
             continue
         kept = sorted((k for k in row.kept if k.n is not None), key=lambda k: k.n or 0)
         chunks = {c.id: c for c in store.get_chunks([k.chunk_id for k in kept])}
-        texts = [chunks[k.chunk_id].text for k in kept if k.chunk_id in chunks]
+        found = [k for k in kept if k.chunk_id in chunks]
+        texts = [chunks[k.chunk_id].text for k in found]
         readings = reader.read(strip_lead(library_query(q)), texts) if texts else []
         refs = references_for_question(q.answers, text_evidence_only=True, where=q.question_id)
         cases.append(
@@ -144,7 +146,7 @@ def load_cases(
                 answer_type=row.answer_type,
                 abstained=row.abstained,
                 agent_f1=row.answer_f1,
-                summary=summarize(readings),
+                summary=summarize(readings, [k.score for k in found]),
                 refs=tuple(refs),
             )
         )
