@@ -121,6 +121,17 @@ def test_outcome_scores_the_specialists_answer_with_the_official_metric() -> Non
     assert outcome(n, Thresholds(abstain=0.2)) == 1.0
 
 
+def test_a_rule_worth_less_than_one_answer_stays_off() -> None:
+    good = Summary(0.9, "BERT", 0, 0.9, None, 0.0)
+    cases = [case("g0", "span", False, 0.5, good, SPAN_GOLD)]  # the span would add 0.5 of an answer
+    cases += [
+        case(f"n{i}", "free_form", False, 0.0, Summary(0.9, "", -1, 0.0, None, 0.0), NONE_GOLD)
+        for i in range(5)
+    ]
+    th, fig = fit_thresholds(cases)
+    assert th == Thresholds() and fig["answer_f1_after"] == fig["answer_f1_before"]
+
+
 def test_the_fit_turns_on_only_the_rules_that_help() -> None:
     good = Summary(0.9, "BERT", 0, 0.9, None, 0.0)
     bad = Summary(0.9, "LSTM", 0, 0.2, None, 0.0)
