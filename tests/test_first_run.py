@@ -222,10 +222,10 @@ def test_a_reranker_trained_while_serving_is_picked_up(tmp_path: Path, shared_di
     calls: list[str] = []
 
     def trainer(s: Settings, store: Any, progress: Any) -> str:
-        from arag.models.factory import get_embedder
+        from arag.models.factory import library_embedder
 
         calls.append("train")
-        emb = get_embedder(s.embedding, s.embedding_cache_db)
+        emb = library_embedder(s)
         card = train_reranker(
             s, CFG, train_path=paths[0], val_path=paths[1], train_limit=30, val_limit=10,
             progress=progress, library=(store, emb),

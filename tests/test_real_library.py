@@ -9,7 +9,7 @@ import pytest
 from arag.index.factory import open_store
 from arag.index.sparse import BM25Encoder
 from arag.library.manage import build_library, library_status, list_papers
-from arag.models.factory import get_embedder
+from arag.models.factory import library_embedder
 from arag.records import SearchFilter
 from arag.settings import get_settings
 
@@ -45,7 +45,7 @@ def test_real_build_fits_the_model_and_is_complete(built) -> None:  # type: igno
 
 def test_dense_and_bm25_find_the_right_paper(built) -> None:  # type: ignore[no-untyped-def]
     settings, _ = built
-    embedder = get_embedder(settings.embedding, settings.embedding_cache_db)
+    embedder = library_embedder(settings)
     store = open_store(settings, embedder.dim, create=False)
     try:
         q = "learning an ontology and a semantic parser jointly from Wikipedia sentences about people"

@@ -55,18 +55,20 @@ class FakeEvaluator:
 def stand_ins(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     checked: list[tuple[str, int]] = []
 
-    def export(net: Any, cfg: TrainConfig, work: Path) -> tuple[Path, Path, ModelCard]:
+    def export(
+        write: Any, card_type: type[ModelCard], *, layers: int, max_length: int, seed: int, work: Path
+    ) -> tuple[Path, Path, ModelCard]:
         (work / "fp32.onnx").write_bytes(b"fp32 weights")
         (work / "int8.onnx").write_bytes(b"int8 weights")
-        draft = ModelCard(
+        draft = card_type(
             model_id="draft",
             base_model="base",
-            layers=cfg.layers,
-            max_length=cfg.max_length,
+            layers=layers,
+            max_length=max_length,
             quantized=False,
             onnx_sha256="",
             created="",
-            seed=cfg.seed,
+            seed=seed,
         )
         return work / "fp32.onnx", work / "int8.onnx", draft
 

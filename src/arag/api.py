@@ -323,7 +323,7 @@ class Library:
         build embeds with ``embedder``, or a model of its own made in the calling thread (so its
         threads take that thread's priority), never the one queries use."""
         from arag.library.manage import build_library
-        from arag.models.factory import get_embedder
+        from arag.models.factory import library_embedder
 
         self._check_open()
         corpus = self.settings.corpus.model_copy(
@@ -341,9 +341,7 @@ class Library:
             self._pending = max(0, self._pending - n)
             outer.advance(n)
 
-        emb = embedder or get_embedder(
-            settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir
-        )
+        emb = embedder or library_embedder(settings)
         owned = embedder is None
         with self._ingest_lock:
             self._building, self._complete = True, False

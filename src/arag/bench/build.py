@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from arag.library.build import BuildSummary, Progress
 from arag.library.manage import build_library, library_status
 from arag.models.embedder import BaseEmbedder
-from arag.models.factory import get_embedder
+from arag.models.factory import get_embedder, library_embedder
 from arag.settings import Settings
 
 
@@ -130,7 +130,7 @@ def run_build_bench(
     weights = settings.embedding.model_copy(update={"int8": "weights"})
     if embed_sample and settings.embedding.provider == "onnx-minilm":
         # No cache: measure the model.
-        embedder = get_embedder(bench_settings.embedding, None, models_dir=bench_settings.embedder_dir)
+        embedder = library_embedder(bench_settings, cached=False)
         base = get_embedder(weights, None) if dynamic else None
         texts = _sample_chunk_texts(bench_settings, embedder, embed_sample)
         if texts:

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from arag.errors import InputError
 from arag.library.map import MapMethod, project
 from arag.library.state import LibraryState
-from arag.models.factory import get_embedder
+from arag.models.factory import library_embedder
 from arag.settings import Settings
 
 NEIGHBOURS = 10
@@ -69,7 +69,7 @@ def run_map_bench(settings: Settings, *, seed: int = 0) -> MapBench:
             where="ARAG_DATA_DIR",
             fix="build a library first: arag library build",
         )
-    embedder = get_embedder(settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir)
+    embedder = library_embedder(settings)
     t0 = time.perf_counter()
     vectors = embedder.embed([r.abstract_text or r.title for r in rows])
     embed_s = time.perf_counter() - t0

@@ -47,14 +47,12 @@ def _median_ms(fn: Callable[[], Any], runs: int) -> float:
 def run_retrieval_bench(settings: Settings, questions: Sequence[str], *, warmup: int = 10) -> RetrievalBench:
     """Time each stage over ``questions`` (medians), then whole searches and a cold start."""
     from arag.library.manage import open_retrieval
-    from arag.models.factory import get_embedder
+    from arag.models.factory import library_embedder
     from arag.models.reranker import get_reranker, pair_text
     from arag.retrieval.pipeline import make_reranking_retriever
 
     t0 = time.perf_counter()
-    embedder = get_embedder(
-        settings.embedding, None, models_dir=settings.embedder_dir
-    )  # no cache: every query runs the model
+    embedder = library_embedder(settings, cached=False)  # every query runs the model
     model_load_ms = 1000 * (time.perf_counter() - t0)
     # The library's open for retrieval: the build state (checked, papers read) and the index.
     t0 = time.perf_counter()

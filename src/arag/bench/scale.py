@@ -55,7 +55,7 @@ def export_base(settings_dir: Path, out: Path, queries: list[str], n: int = BASE
     """A sample of the built library's chunks and vectors, and the embedded queries, into ``out``."""
     from arag.index.qdrant_edge import EdgeStore
     from arag.library.state import LibraryState
-    from arag.models.factory import get_embedder
+    from arag.models.factory import library_embedder
     from arag.settings import get_settings
 
     # The embedded store itself, whatever backend the settings name: the figures are about it.
@@ -66,7 +66,7 @@ def export_base(settings_dir: Path, out: Path, queries: list[str], n: int = BASE
         raise InputError(
             f"there is no library in {settings.data_dir}", where="ARAG_DATA_DIR", fix="arag library build"
         )
-    embedder = get_embedder(settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir)
+    embedder = library_embedder(settings)
     store = EdgeStore.open(settings.index_dir, int(dim), create=False)
     try:
         rows: list[dict] = []

@@ -82,12 +82,12 @@ def train_in_server(settings: Settings, store: Store, progress: ProgressFactory)
     """``arag train reranker`` with its defaults, mining through the server's open index (the
     service's background training); the installed model's id."""
     from arag.corpus.qasper_questions import default_questions_path
-    from arag.models.factory import get_embedder
+    from arag.models.factory import library_embedder
     from arag.train.reranker import TrainConfig
     from arag.train.reranker_pipeline import train_reranker
 
     # An embedding model of its own, made in the (low-priority) background thread.
-    embedder = get_embedder(settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir)
+    embedder = library_embedder(settings)
     try:
         card = train_reranker(
             settings,

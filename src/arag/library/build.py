@@ -32,7 +32,7 @@ from arag.library.sources import keep_sources
 from arag.library.state import Failure, LibraryState, PaperRow
 from arag.library.topics import assign_nearest, kmeans, label_clusters
 from arag.models.embedder import BaseEmbedder
-from arag.models.factory import get_embedder
+from arag.models.factory import library_embedder
 from arag.records import Chunk, Paper, SparseVector
 from arag.settings import Settings
 from arag.text import tokenize
@@ -130,9 +130,7 @@ class LibraryBuilder:
         self.settings = settings
         self._lock: AbstractContextManager[object] = lock if lock is not None else nullcontext()
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        self.embedder = embedder or get_embedder(
-            settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir
-        )
+        self.embedder = embedder or library_embedder(settings)
         self.state = LibraryState(settings.state_db)
         self._owns_store = store is None
         try:

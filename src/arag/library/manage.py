@@ -102,11 +102,9 @@ def open_for_building(settings: Settings, embedder: BaseEmbedder | None = None) 
     ConfigError when the embedding model changed."""
     from arag.index.factory import open_store
     from arag.library.build import check_model
-    from arag.models.factory import get_embedder
+    from arag.models.factory import library_embedder
 
-    embedder = embedder or get_embedder(
-        settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir
-    )
+    embedder = embedder or library_embedder(settings)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     with LibraryState(settings.state_db) as state:
         check_model(state, embedder, settings)
@@ -211,7 +209,7 @@ def _open_search(
     """The store, the embedder (``embedder``, else the configured one) and (``with_papers``) the
     papers, from one visit to the build state."""
     from arag.index.factory import open_store
-    from arag.models.factory import get_embedder
+    from arag.models.factory import library_embedder
 
     with LibraryState(settings.state_db) as state:
         model = state.get_meta("embedding_model")
@@ -224,9 +222,7 @@ def _open_search(
             where="ARAG_DATA_DIR",
             fix="build it first: arag library build",
         )
-    embedder = embedder or get_embedder(
-        settings.embedding, settings.embedding_cache_db, models_dir=settings.embedder_dir
-    )
+    embedder = embedder or library_embedder(settings)
     if embedder.model_id != model:
         raise InputError(
             f"the library was built with {model!r} but the settings select {embedder.model_id!r}",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from arag.errors import ConfigError
 from arag.models.embedder import BaseEmbedder, Cache, EmbeddingCache, NullCache
-from arag.settings import EmbeddingSettings
+from arag.settings import EmbeddingSettings, Settings
 
 
 def get_embedder(
@@ -41,4 +41,13 @@ def get_embedder(
         f"unknown embedding provider {provider!r}",
         where="ARAG_EMBEDDING__PROVIDER",
         fix="use one of onnx-minilm, sentence-transformers, openai, hash",
+    )
+
+
+def library_embedder(settings: Settings, *, cached: bool = True) -> BaseEmbedder:
+    """The library's embedder: the configured model, its vectors cached in the data directory
+    (``cached=False``: none, so that every text runs the model, as a benchmark wants), a derived
+    model kept with the library's models."""
+    return get_embedder(
+        settings.embedding, settings.embedding_cache_db if cached else None, models_dir=settings.embedder_dir
     )

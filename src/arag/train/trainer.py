@@ -30,7 +30,15 @@ from arag.models.onnx_files import CARD_FILE, MODEL_FILE, file_sha256
 from arag.models.reranker import ModelCard, OnnxReranker
 from arag.settings import Settings
 from arag.train.data import MinedQuestion
-from arag.train.reranker import BASE_MODEL, TrainConfig, TrainStats, export_variants, torch_scores, train_net
+from arag.train.reranker import (
+    BASE_MODEL,
+    TrainConfig,
+    TrainStats,
+    export_onnx,
+    export_variants,
+    torch_scores,
+    train_net,
+)
 
 if TYPE_CHECKING:
     from arag.retrieval.hybrid import HybridRetriever
@@ -238,7 +246,14 @@ def train_and_install(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=prefix))
     try:
-        fp32, int8, draft = export_variants(net, cfg, work)
+        fp32, int8, draft = export_variants(
+            lambda path: export_onnx(net, path, cfg.max_length),
+            ModelCard,
+            layers=cfg.layers,
+            max_length=cfg.max_length,
+            seed=cfg.seed,
+            work=work,
+        )
         runs: dict[str, Run] = {}
         models: dict[str, OnnxReranker] = {}
         for name, path in (("fp32", fp32), ("int8", int8)):
