@@ -21,6 +21,7 @@ import pytest
 from arag.errors import ConfigError, ModelError, NetworkError
 from arag.llm import gguf
 from arag.llm.base import ChatMessage, Completion
+from arag.llm.builds import builds_root, candidates, choose_build, read_cpu_flags
 from arag.llm.factory import get_llm
 from arag.llm.gguf import (
     PACKAGED_MODELS,
@@ -701,7 +702,11 @@ def test_real_llama_cpp_05b_is_deterministic() -> None:
     assert isinstance(llm, LocalLLM)
     (proc,) = llm.info()
     assert proc.state == "ready" and proc.pid not in (None, os.getpid())
-    assert "AVX2 = 1" in proc.build and "AMX_INT8 = 1" not in proc.build and "AVX512 = 1" not in proc.build
+    # The portable build everywhere; the AVX-512 one only where set-up installed it and checked it on
+    # this CPU (llm/builds.py). Never AMX, which a CPU can list while its OS forbids it.
+    assert proc.build_name == choose_build("auto").name
+    assert "AVX2 = 1" in proc.build and "AMX_INT8 = 1" not in proc.build
+    assert ("AVX512 = 1" in proc.build) == (proc.build_name == "avx512")
     msgs = [ChatMessage(role="user", content="Name the capital of France in one word.")]
     first = llm.complete(msgs, max_tokens=16)
     second = llm.complete(msgs, max_tokens=16)
@@ -729,3 +734,28 @@ def test_real_05b_answers_a_2000_token_prompt(tmp_path: Path) -> None:
     )
     assert result.prompt_tokens >= 2000 and result.generated_tokens > 1 and result.reply
     assert result.prompt_tokens_per_s > 0 and result.generated_tokens_per_s > 0
+
+
+@pytest.mark.real_models
+def test_real_05b_runs_on_every_build_this_cpu_has(tmp_path: Path) -> None:
+    """What set-up's `arag llm check --build all` does: the portable build and each installed one
+    whose instructions the CPU lists answer a long prompt, each in its own process, and a build
+    that passed stays what `auto` runs (the speeds are in the README, measured by that command)."""
+    pytest.importorskip("llama_cpp")
+    from arag.llm.check import check_builds
+    from arag.llm.gguf import resolve_model_path
+
+    settings = Settings(llm=LLMSettings(model="qwen2.5-coder-0.5b", context_tokens=2048, threads=2))
+    path = resolve_model_path("qwen2.5-coder-0.5b", settings.data_dir)
+    root, flags = builds_root(), read_cpu_flags()
+    builds = candidates(root, flags)
+    checks = check_builds(
+        path, settings.llm, builds, name="qwen2.5-coder-0.5b", log_dir=tmp_path, root=root, flags=flags,
+        prompt_tokens=600, max_tokens=12,
+    )  # fmt: skip
+    assert [c.build_name for c in checks] == [b.name for b in builds]
+    for c in checks:
+        assert c.error is None and c.result is not None and c.result.reply
+        assert ("AVX512 = 1" in c.result.build) == (c.build_name == "avx512")
+    if len(builds) > 1:
+        assert choose_build("auto", root, flags).name == builds[-1].name

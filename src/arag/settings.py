@@ -53,6 +53,10 @@ def _default_qasper_path() -> Path:
     return Path(platformdirs.user_data_dir("arag")) / "corpus" / "qasper" / "papers.jsonl.gz"
 
 
+# The llama.cpp builds a model process can run (arag.llm.builds).
+LlamaBuild = Literal["auto", "portable", "avx512"]
+
+
 class CorpusSettings(BaseModel):
     """Where the paper sources are."""
 
@@ -207,6 +211,10 @@ class LLMSettings(BaseModel):
     # llama-cpp: model processes, each with threads // processes threads and one request at a time
     # (`arag bench service` compares 1 and 2 on 2 cores: see the README).
     processes: int = Field(default=1, ge=1, le=16)
+    # llama-cpp: the llama.cpp build the model processes run (llm/builds.py). auto: one compiled for
+    # this CPU's AVX-512 where set-up installed it and `arag llm check --build all` passed with it
+    # on this CPU, else the portable one; portable; avx512 (an error where it cannot run).
+    build: LlamaBuild = "auto"
     # llama-cpp: how long a model process may take to load, and a request to wait for a free one.
     start_timeout_s: float = 180.0
     queue_timeout_s: float = 900.0

@@ -16,6 +16,7 @@ import httpx
 from pydantic import BaseModel
 
 from arag.errors import ModelError
+from arag.llm.builds import PORTABLE, Build, record_check
 from arag.llm.process import ModelProcess, cpu_flags, start_fix
 from arag.settings import LLMSettings
 
@@ -44,7 +45,16 @@ class CheckResult(BaseModel):
     generated_tokens_per_s: float
     reply: str
     build: str
+    build_name: str = PORTABLE
     cpu: str
+
+
+class BuildCheck(BaseModel):
+    """One build's check in ``arag llm check --build all``: its figures, or why it failed."""
+
+    build_name: str
+    result: CheckResult | None = None
+    error: str | None = None
 
 
 def _prompt(base_url: str, client: httpx.Client, target: int) -> tuple[str, int]:
@@ -68,9 +78,11 @@ def check_model(
     prompt_tokens: int = 600,
     max_tokens: int = 48,
     command: list[str] | None = None,
+    build: Build | None = None,
 ) -> CheckResult:
-    """Start the model in its own process, stream one reply to a prompt of ``prompt_tokens`` tokens,
-    stop it. A :class:`ModelError` that names the cause when the process cannot start or dies."""
+    """Start the model in its own process (with ``build``: None, the portable one), stream one reply
+    to a prompt of ``prompt_tokens`` tokens, stop it. A :class:`ModelError` that names the cause when
+    the process cannot start or dies."""
     proc = ModelProcess(
         model_path,
         alias=name,
@@ -81,6 +93,7 @@ def check_model(
         start_timeout_s=settings.start_timeout_s,
         max_backoff_s=0.0,
         command=command,
+        build=build,
     )
     started = time.perf_counter()
     proc.start()
@@ -151,7 +164,54 @@ def check_model(
             generated_tokens_per_s=round((gen_tokens - 1) / generate, 1) if generate > 0 else 0.0,
             reply="".join(pieces).strip(),
             build=proc.info().build,
+            build_name=proc.llama_build.name,
             cpu=cpu_flags(),
         )
     finally:
         proc.stop()
+
+
+def check_builds(
+    model_path: Path,
+    settings: LLMSettings,
+    builds: list[Build],
+    *,
+    name: str,
+    log_dir: Path,
+    root: Path,
+    flags: frozenset[str],
+    prompt_tokens: int = 600,
+    max_tokens: int = 48,
+    command: list[str] | None = None,
+    keep_going: bool = True,
+) -> list[BuildCheck]:
+    """:func:`check_model` with each build in turn (the portable one first), in the same run, so
+    their speeds compare. A build other than the portable one is stamped as checked on this CPU when
+    it passes, and unstamped when it fails (``auto`` then keeps to the portable build); its failure
+    is reported, not raised (``keep_going=False``: raised). The portable build's failure is raised:
+    nothing would run."""
+    out: list[BuildCheck] = []
+    for build in builds:
+        try:
+            result = check_model(
+                model_path,
+                settings,
+                name=name,
+                log_dir=log_dir,
+                prompt_tokens=prompt_tokens,
+                max_tokens=max_tokens,
+                command=command,
+                build=build,
+            )
+        except ModelError as exc:
+            if build.name == PORTABLE:
+                raise
+            record_check(root, build.name, flags, passed=False)
+            if not keep_going:
+                raise
+            out.append(BuildCheck(build_name=build.name, error=str(exc)))
+            continue
+        if build.name != PORTABLE:
+            record_check(root, build.name, flags, passed=True)
+        out.append(BuildCheck(build_name=build.name, result=result))
+    return out

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 from arag.llm.base import LLM
 from arag.llm.gguf import PACKAGED_MODELS, AssemblyProgress, resolve_model_path
 from arag.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def get_llm(settings: Settings, progress: AssemblyProgress | None = None) -> LLM | None:
@@ -22,6 +26,7 @@ def get_llm(settings: Settings, progress: AssemblyProgress | None = None) -> LLM
 
         llm = OpenAICompatLLM(cfg)
     else:
+        from arag.llm.builds import choose_build
         from arag.llm.llama_cpp import import_llama_cpp
         from arag.llm.local import LocalLLM
 
@@ -31,7 +36,10 @@ def get_llm(settings: Settings, progress: AssemblyProgress | None = None) -> LLM
         name = cfg.model if cfg.model in PACKAGED_MODELS else path.stem
         # The model runs in supervised processes of its own: a crash of llama.cpp costs the requests
         # in flight, never this process (see llm/process.py).
-        llm = LocalLLM(path, cfg, name=name, log_dir=settings.logs_dir)
+        build = choose_build(cfg.build)
+        if build.why:
+            log.info("llama.cpp: the %s build (%s)", build.name, build.why)
+        llm = LocalLLM(path, cfg, name=name, log_dir=settings.logs_dir, build=build)
     return with_cache(llm, settings)
 
 

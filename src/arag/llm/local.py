@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from arag.errors import AragError, ModelError, ModelUnavailable, NetworkError
 from arag.llm.base import ChatMessage, Completion
+from arag.llm.builds import Build
 from arag.llm.openai_chat import OpenAICompatLLM
 from arag.llm.process import ModelProcess, ProcessInfo
 from arag.settings import LLMSettings
@@ -66,8 +67,10 @@ class LocalLLM:
         log_dir: Path,
         tokenizer: Callable[[str], int] | None = None,
         command: list[str] | None = None,
+        build: Build | None = None,
     ) -> None:
-        """``tokenizer`` and ``command`` replace the vocabulary and the child program (tests)."""
+        """``build``: the llama.cpp build the processes run (None: the portable one);
+        ``tokenizer`` and ``command`` replace the vocabulary and the child program (tests)."""
         self.name = name
         self.context_tokens = settings.context_tokens
         self.model_path = model_path
@@ -86,6 +89,7 @@ class LocalLLM:
                 log_dir=log_dir,
                 start_timeout_s=settings.start_timeout_s,
                 command=command,
+                build=build,
             )
             for _ in range(n)
         ]

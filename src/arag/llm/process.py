@@ -27,6 +27,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from arag.errors import ModelError, ModelUnavailable
+from arag.llm.builds import PORTABLE, Build
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ class ProcessInfo(BaseModel):
     restarts: int
     last_exit: str | None
     build: str
+    # Which llama.cpp build runs (llm/builds.py): portable, or one for this CPU's instructions.
+    build_name: str = "portable"
     log: str
 
 
@@ -80,6 +83,15 @@ def cpu_flags() -> str:
     return "unknown"
 
 
+def child_env(build: Build) -> dict[str, str]:
+    """The model process's environment: this one's, with ``build``'s folder first on PYTHONPATH so
+    that its ``llama_cpp`` is imported before the venv's own."""
+    env = dict(os.environ)
+    if build.path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(build.path), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 def free_port() -> int:
     """A loopback port free right now (the child binds it; a lost race is a failed start, retried)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -104,10 +116,13 @@ class ModelProcess:
         start_timeout_s: float = 180.0,
         max_backoff_s: float = 30.0,
         command: list[str] | None = None,
+        build: Build | None = None,
     ) -> None:
         """``command``: the child's program (default ``python -m arag.llm.model_server``; tests run a
-        stand-in server that takes the same arguments)."""
+        stand-in server that takes the same arguments). ``build``: the llama.cpp build the child
+        imports (None: the venv's own, portable one)."""
         self.command = command or [sys.executable, "-m", "arag.llm.model_server"]
+        self.llama_build = build or Build(PORTABLE)
         self.model_path = model_path
         self.alias = alias
         self.threads = threads
@@ -224,6 +239,7 @@ class ModelProcess:
                 restarts=self._restarts,
                 last_exit=self._last_exit,
                 build=self._build,
+                build_name=self.llama_build.name,
                 log=str(self.log_path),
             )
 
@@ -254,7 +270,12 @@ class ModelProcess:
             # A session of its own: Ctrl-C in the terminal reaches arag, which stops the child in
             # order, instead of killing both at once and racing the restart.
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=child_env(self.llama_build),
             )
         finally:
             logf.close()
@@ -328,7 +349,8 @@ def start_fix(why: str) -> str:
         return (
             "the llama-cpp-python wheel was built for other instructions than this CPU allows "
             f"(the CPU lists: {cpu_flags()}): delete the cached wheel (<data dir>/wheels) and run "
-            "`make venv`, which builds the portable recipe"
+            "`make venv`, which builds the portable recipe; a build other than the portable one "
+            "(ARAG_LLM__BUILD) is not used again unless `arag llm check --build all` passes with it"
         )
     if why.startswith("SIGKILL"):
         return "free memory (another model or program?) or use the smaller qwen2.5-coder-0.5b"
