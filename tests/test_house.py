@@ -187,3 +187,14 @@ def test_only_the_cli_imports_the_cli(edges: dict[str, set[str]]) -> None:
 def test_no_import_circle_among_modules_or_folders(edges: dict[str, set[str]]) -> None:
     assert circles(edges) == []
     assert circles(folder_edges(edges)) == []
+
+
+def test_the_readme_map_names_every_module() -> None:
+    """The README's map of modules (*How the library is built*) names every folder and file."""
+    readme = (SRC.parent / "README.md").read_text(encoding="utf-8")
+    start = readme.index("The modules, by floor")
+    section = readme[start : readme.index("\n\n", readme.index("\n- `cli/`", start) + 1)]
+    files = [f.relative_to(SRC / PACKAGE) for f in sorted((SRC / PACKAGE).rglob("*.py"))]
+    unnamed = [str(f) for f in files if f.name != "__init__.py" and f"{f.name}`" not in section]
+    folders = sorted({f.parts[0] for f in files if len(f.parts) > 1})
+    assert unnamed == [] and [d for d in folders if f"`{d}/" not in section] == []
