@@ -72,6 +72,18 @@ def test_the_factory_wraps_unless_told_not_to(tmp_path: Path) -> None:
     assert with_cache(llm, get_settings(data_dir=tmp_path, llm={"cache": False})) is llm
 
 
+def test_a_reply_belongs_to_the_llama_cpp_build_that_wrote_it(tmp_path: Path) -> None:
+    """The AVX-512 build's kernels round differently from the portable one's: its replies are kept
+    apart; the portable build keeps the keys written before builds were chosen."""
+    settings = get_settings(data_dir=tmp_path)
+    plain, portable, avx512 = (
+        with_cache(ScriptedLLM([]), settings, build=b) for b in (None, "portable", "avx512")
+    )
+    assert isinstance(plain, CachedLLM) and isinstance(portable, CachedLLM) and isinstance(avx512, CachedLLM)
+    assert plain.key(MSGS, max_tokens=8) == portable.key(MSGS, max_tokens=8)
+    assert avx512.key(MSGS, max_tokens=8) != portable.key(MSGS, max_tokens=8)
+
+
 def test_the_agent_marks_steps_answered_from_the_cache(tmp_path: Path) -> None:
     from arag.agent.graph import build_agent
     from arag.records import Chunk, RankedChunk

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from arag.llm.base import LLM
+from arag.llm.builds import PORTABLE
 from arag.llm.gguf import PACKAGED_MODELS, AssemblyProgress, resolve_model_path
 from arag.settings import Settings
 
@@ -40,15 +41,28 @@ def get_llm(settings: Settings, progress: AssemblyProgress | None = None) -> LLM
         if build.why:
             log.info("llama.cpp: the %s build (%s)", build.name, build.why)
         llm = LocalLLM(path, cfg, name=name, log_dir=settings.logs_dir, build=build)
+        # Another build's kernels round differently, and greedy decoding can then take another word
+        # (about a third of 20 answers differed between the portable and AVX-512 builds): a cached
+        # reply belongs to the build that wrote it.
+        return with_cache(llm, settings, build=build.name)
     return with_cache(llm, settings)
 
 
-def with_cache(llm: LLM, settings: Settings) -> LLM:
-    """``llm`` behind the disk cache of LLM calls, when the settings keep one."""
+def with_cache(llm: LLM, settings: Settings, *, build: str | None = None) -> LLM:
+    """``llm`` behind the disk cache of LLM calls, when the settings keep one (``build``: the local
+    model's llama.cpp build, part of the key)."""
     if not settings.llm.cache:
         return llm
     from arag.llm.cache import CachedLLM
 
     cfg = settings.llm
-    params = {"temperature": cfg.temperature, "seed": cfg.seed, "context_tokens": cfg.context_tokens}
+    params: dict[str, object] = {
+        "temperature": cfg.temperature,
+        "seed": cfg.seed,
+        "context_tokens": cfg.context_tokens,
+    }
+    if build is not None and build != PORTABLE:
+        # The portable build's keys stay as they were, so caches written before builds were chosen
+        # still answer.
+        params["build"] = build
     return CachedLLM(llm, settings.llm_cache_db, backend=cfg.provider, params=params)
