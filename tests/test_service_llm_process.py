@@ -51,8 +51,11 @@ def test_ready_and_system_show_the_model_process(served: tuple[str, LocalLLM]) -
     url, _ = served
     ready = httpx.get(f"{url}/ready").json()
     assert ready["ready"] and ready["checks"]["llm"] == "ok (1 model process)"
-    (proc,) = httpx.get(f"{url}/v1/system").json()["llm_processes"]
+    system = httpx.get(f"{url}/v1/system").json()
+    (proc,) = system["llm_processes"]
     assert proc["state"] == "ready" and proc["pid"] == model_pid(url) and proc["build"] == "FAKE = 1"
+    # Which llama.cpp build answers, and what the settings asked for (llm/builds.py).
+    assert proc["build_name"] == "portable" and system["settings"]["llm_build"] == "auto"
 
 
 def test_sigkill_under_a_query_is_a_503_and_the_service_lives_on(served: tuple[str, LocalLLM]) -> None:

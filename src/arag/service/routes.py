@@ -179,6 +179,7 @@ async def system(request: Request) -> SystemInfo:
             "llm_cache": s.llm.cache,
             "llm_processes": s.llm.processes,
             "llm_threads": s.llm.threads,
+            "llm_build": s.llm.build,
             "rerank_provider": s.rerank.provider,
             "retrieval_strategy": s.retrieval.strategy,
             "support": s.agent.support,
