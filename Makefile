@@ -20,7 +20,7 @@ endif
 LLAMA_RECIPE := $(shell printf '%s %s' '$(LLAMA_CPP)' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
 LLAMA_WHEELS := $(WHEELS)/llama-cpp-$(LLAMA_RECIPE)
 # A second build on a CPU with AVX-512 (x86-64-v4 with VBMI and VNNI; still no AMX): its prefill,
-# what an answer mostly waits for, is 1.8x the portable build's here. It is installed beside the
+# what an answer mostly waits for, is 1.5x (0.5B) to 1.8x (1.5B) the portable build's here. It is installed beside the
 # venv's own (llama-builds/avx512), and a model process runs it only on a CPU that lists these
 # instructions and passed `arag llm check --build all` with it (src/arag/llm/builds.py, whose
 # REQUIRES["avx512"] is this list); anywhere else the portable build runs.

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, get_args
 
 import typer
 from rich.table import Table
 
 from arag.cli.common import FiguresJson, console, handle_errors, load_settings
+from arag.settings import LlamaBuild
 
 if TYPE_CHECKING:
     from arag.llm.check import BuildCheck
@@ -49,14 +50,15 @@ def check_cmd(
     from arag.llm.gguf import PACKAGED_MODELS, resolve_model_path
     from arag.llm.llama_cpp import import_llama_cpp
 
-    if build not in ("", "auto", "portable", "avx512", "all"):
-        raise InputError(f"unknown build {build!r}", where="--build", fix="use auto, portable, avx512 or all")
+    choices = (*get_args(LlamaBuild), "all")
+    if build and build not in choices:
+        raise InputError(f"unknown build {build!r}", where="--build", fix=f"use one of: {', '.join(choices)}")
     overrides: dict[str, object] = {}
     if model is not None:
         overrides["model"] = model
     if threads is not None:
         overrides["threads"] = threads
-    if build not in ("", "all"):
+    if build and build != "all":
         overrides["build"] = build
     settings = load_settings(**({"llm": overrides} if overrides else {}))
     cfg = settings.llm
@@ -89,18 +91,19 @@ def check_cmd(
                 c.result.prompt_tokens_per_s / base.prompt_tokens_per_s if base.prompt_tokens_per_s else 0.0
             )
             console.print(f"prefill, {c.build_name} / portable, same run: x{ratio:.2f}")
+    # Chosen again: a check's stamp can change what auto runs.
+    used = choose_build(cfg.build, root, flags)
     if json_out is not None:
         figures: dict[str, object] = (
             checks[0].result.model_dump()
             if build != "all" and checks[0].result is not None
             else {"builds": [c.model_dump() for c in checks]}
         )
-        figures["answers_use"] = choose_build(cfg.build, root, flags).name
+        figures["answers_use"] = used.name
         json_out.write_text(json.dumps(figures, indent=2), encoding="utf-8")
-    used = choose_build(cfg.build, root, flags)
     console.print(
         f"[green]ok[/]: the local LLM runs long prompts on this machine; answers use the {used.name} build"
-        + (f" ({used.why})" if used.why and used.name == "portable" and build == "all" else "")
+        + (f" ({used.why})" if used.why else "")
     )
 
 

@@ -3,7 +3,8 @@
 The venv's own llama-cpp-python is the portable build (AVX2, no AVX-512 or AMX: see the Makefile);
 it runs on every x86-64 CPU since about 2015. On a CPU with AVX-512, set-up also installs a second
 build beside it (``<venv>/llama-builds/avx512``): the same llama.cpp with AVX-512 kernels, whose
-prefill (what an answer mostly waits for) is about 1.8x the portable one's (README, *The local LLM*).
+prefill (what an answer mostly waits for) is 1.5x (0.5B) to 1.8x (1.5B) the portable one's (README,
+*The local LLM*).
 
 A CPU can list instructions its OS does not allow, and a build that uses one dies with SIGILL only
 on a long prompt. So ``auto`` runs the faster build only where three things hold: it is installed,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from arag.llm.base import LLM
-from arag.llm.builds import PORTABLE
+from arag.llm.builds import PORTABLE, choose_build
 from arag.llm.gguf import PACKAGED_MODELS, AssemblyProgress, resolve_model_path
 from arag.settings import Settings
 
@@ -27,7 +27,6 @@ def get_llm(settings: Settings, progress: AssemblyProgress | None = None) -> LLM
 
         llm = OpenAICompatLLM(cfg)
     else:
-        from arag.llm.builds import choose_build
         from arag.llm.llama_cpp import import_llama_cpp
         from arag.llm.local import LocalLLM
 

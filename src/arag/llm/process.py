@@ -27,7 +27,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from arag.errors import ModelError, ModelUnavailable
-from arag.llm.builds import PORTABLE, Build
+from arag.llm.builds import PORTABLE, Build, read_cpu_flags
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class ProcessInfo(BaseModel):
     last_exit: str | None
     build: str
     # Which llama.cpp build runs (llm/builds.py): portable, or one for this CPU's instructions.
-    build_name: str = "portable"
+    build_name: str = PORTABLE
     log: str
 
 
@@ -71,16 +71,11 @@ def exit_cause(returncode: int) -> str:
 
 def cpu_flags() -> str:
     """The vector-instruction flags the CPU lists (Linux), for error messages."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
+    listed = read_cpu_flags()
+    if not listed:
         return "unknown"
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            wanted = ("avx", "fma", "f16c", "amx", "bmi2")
-            flags = sorted({f for f in line.split(":", 1)[1].split() if f.startswith(wanted)})
-            return " ".join(flags) or "no AVX"
-    return "unknown"
+    wanted = ("avx", "fma", "f16c", "amx", "bmi2")
+    return " ".join(sorted(f for f in listed if f.startswith(wanted))) or "no AVX"
 
 
 def child_env(build: Build) -> dict[str, str]:
