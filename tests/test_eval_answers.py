@@ -17,6 +17,7 @@ from arag.agent import prompts
 from arag.agent.support import LexicalSupport
 from arag.cli import eval_answers as answers_cli
 from arag.cli.main import app
+from arag.corpus.qasper_questions import HELD_OUT_NAME
 from arag.eval.answers import (
     AnswerQuestion,
     claim_support,
@@ -472,3 +473,25 @@ def test_cli_warns_about_questions_outside_the_library_and_rejects_bad_limits(
     for bad in ("0", "-2"):
         res = runner.invoke(app, ["eval", command, "--questions", str(mixed), "--limit", bad, *extra])
         assert res.exit_code == 8 and "--limit must be at least 1" in res.output, res.output
+
+
+def test_the_split_note_says_what_was_fit_where_and_warns_about_overlap() -> None:
+    s = Settings()
+    val = Path("questions_validation.json")
+    train = Path("questions_train.json")
+    held = f"questions_train.json: {HELD_OUT_NAME}"
+    note = answers_cli.split_note(val, False, s, "trained:m", None, held)
+    assert note["reported_on"] == "questions_validation.json" and "warning" not in note
+    assert any(f"calibrated on {held}" in f for f in note["fit_on"])
+    # A reranker calibrated on validation (an old card), reported on validation: not held out.
+    old = answers_cli.split_note(val, False, s, "trained:m", None, "questions_validation.json")
+    assert "not held out" in old["warning"] and "arag train reranker --force" in old["warning"]
+    # Reporting on the held-out train papers the reranker was calibrated on: the same.
+    assert "warning" in answers_cli.split_note(train, True, s, "trained:m", None, held)
+    # No trained reranker: nothing of QASPER was fit.
+    bare = answers_cli.split_note(val, False, s, "none", None)
+    assert "warning" not in bare and len(bare["fit_on"]) == 1
+    assert (
+        "nothing fit on QASPER" in bare["fit_on"][0]
+        and "support threshold: on QASPER train" in bare["fit_on"][0]
+    )

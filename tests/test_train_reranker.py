@@ -15,13 +15,14 @@ import pytest
 from typer.testing import CliRunner
 
 from arag.cli.main import app
+from arag.corpus.qasper_questions import HELD_OUT_NAME, held_out_paper, load_questions
 from arag.errors import ModelError
 from arag.library.manage import build_library
 from arag.models.onnx_files import CARD_FILE, MODEL_FILE, file_sha256
 from arag.models.reranker import ModelCard, OnnxReranker, get_reranker
 from arag.settings import Settings, get_settings
 from arag.train.reranker import TrainConfig
-from arag.train.reranker_pipeline import train_reranker
+from arag.train.reranker_pipeline import calibration_split, recalibrate, train_reranker
 
 pytestmark = pytest.mark.real_models
 
@@ -143,7 +144,8 @@ def test_train_cli_installs_then_declines_to_retrain(
     runner = CliRunner()
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
-    assert "QASPER validation" in res.output and "fused_order" in res.output
+    assert "calibrated on questions_validation.json" in " ".join(res.output.split())
+    assert "fused_order" in res.output
     assert "installed" in res.output
     card = ModelCard.model_validate_json((target / CARD_FILE).read_text())
     assert card.data["train_questions"] == 20 and card.data["validation_questions"] == 8
@@ -151,5 +153,37 @@ def test_train_cli_installs_then_declines_to_retrain(
     again = runner.invoke(app, args)
     assert again.exit_code == 0, again.output
     assert "a trained reranker is installed" in again.output and "--force" in again.output
-    assert "QASPER validation" not in again.output
+    assert "calibrated on" not in again.output
     assert (target / MODEL_FILE).stat().st_mtime_ns == stamp
+
+
+def test_the_calibration_split_holds_out_train_papers(questions: tuple[Path, Path]) -> None:
+    train, val = questions
+    everything = load_questions(train)
+    fit, held, name = calibration_split(train, None)
+    assert name == f"questions_train.json: {HELD_OUT_NAME}"
+    # 1909.00694 and 2003.07723 are held out (sha1 % 10 == 0); the other four train papers are not.
+    assert {q.paper_id for q in held} == {"1909.00694", "2003.07723"}
+    assert not {q.paper_id for q in fit} & {q.paper_id for q in held}
+    assert all(held_out_paper(q.paper_id) for q in held) and not any(held_out_paper(q.paper_id) for q in fit)
+    assert sorted(q.question_id for q in fit + held) == sorted(q.question_id for q in everything)
+    # Limits cut each side; a file given for calibration takes all of train.
+    fit3, held2, _ = calibration_split(train, None, 3, 2)
+    assert fit3 == fit[:3] and held2 == held[:2]
+    all_train, vals, vname = calibration_split(train, val, None, 4)
+    assert len(all_train) == len(everything) and len(vals) == 4 and vname == "questions_validation.json"
+
+
+def test_by_default_the_reranker_is_calibrated_on_held_out_train_papers(
+    lib: Settings, trained: ModelCard, questions: tuple[Path, Path], tmp_path: Path
+) -> None:
+    train, _ = questions
+    fit, held, _ = calibration_split(train, None)
+    other = lib.model_copy(update={"rerank": lib.rerank.model_copy(update={"path": tmp_path / "held"})})
+    card = train_reranker(other, CFG, train_path=train, train_limit=20, val_limit=8)
+    assert card.data["validation"] == f"questions_train.json: {HELD_OUT_NAME}"
+    assert card.data["train_questions"] == min(20, len(fit)) and card.data["validation_questions"] == 8
+    # Recalibrating keeps to the same split by default and says so in the card.
+    again = recalibrate(other, train_path=train)
+    assert again.data["validation"] == card.data["validation"]
+    assert again.data["validation_questions"] == len(held)

@@ -30,6 +30,7 @@ from arag.agent.support import (
     platt,
 )
 from arag.cli.main import app
+from arag.corpus.qasper_questions import HELD_OUT_NAME, held_out_paper
 from arag.errors import ModelError
 from arag.library.manage import list_papers
 from arag.llm.scripted import ScriptedLLM
@@ -45,6 +46,7 @@ from arag.train.support_pipeline import (
     answered,
     hypothesis,
     labelled_pairs,
+    lexical_calibration,
     recalibrate_support,
     to_mined,
     train_support,
@@ -440,8 +442,8 @@ def test_train_cli_installs_then_declines_to_retrain(
     runner = CliRunner()
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
-    for word in ("QASPER validation", "Precision", "AUC", "answer_only", "lexical"):
-        assert word in res.output
+    for word in ("questions_validation.json", "Precision", "AUC", "answer_only", "lexical"):
+        assert word in " ".join(res.output.split())
     assert "installed" in res.output and "support threshold" in res.output
     card = ModelCard.model_validate_json((target / CARD_FILE).read_text())
     assert card.data["train_questions"] == 20 and card.data["validation_questions"] == 8
@@ -449,5 +451,44 @@ def test_train_cli_installs_then_declines_to_retrain(
     again = runner.invoke(app, args)
     assert again.exit_code == 0, again.output
     assert "a trained support model is installed" in again.output and "--force" in again.output
-    assert "QASPER validation" not in again.output
+    assert "questions_validation.json" not in again.output
     assert (target / MODEL_FILE).stat().st_mtime_ns == stamp
+
+
+@pytest.mark.real_models
+def test_by_default_the_support_model_is_calibrated_on_held_out_train_papers(
+    lib: Settings, questions: tuple[Path, Path], tmp_path: Path
+) -> None:
+    # 1909.00694 and 2003.07723 are held out (sha1 % 10 == 0); the other four train papers are not.
+    train, _ = questions
+    other = lib.model_copy(update={"agent": lib.agent.model_copy(update={"support_path": tmp_path / "held"})})
+    card = train_support(other, CFG, train_path=train, train_limit=20, val_limit=6)
+    assert card.data["validation"] == f"questions_train.json: {HELD_OUT_NAME}"
+    assert card.calibration["combined"]["fit_on"] == card.data["validation"]
+
+    def mined(prefix: str) -> set[str]:
+        files = [p for p in (lib.cache_dir / "support").iterdir() if p.name.startswith(prefix)]
+        return {e["question_id"] for p in files for e in json.loads(p.read_text())}
+
+    held_ids = {q["question_id"] for q in json.loads(train.read_text()) if held_out_paper(q["paper_id"])}
+    trained_on, calibrated_on = mined("train-held-in-"), mined("held-out-")
+    assert trained_on and calibrated_on
+    assert calibrated_on <= held_ids and not trained_on & held_ids
+
+
+@pytest.mark.real_models
+def test_lexical_calibration_needs_no_model(
+    lib: Settings, questions: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    train, _ = questions
+    fig = lexical_calibration(lib, train_path=train, val_limit=6)
+    assert fig["fit_on"].endswith(HELD_OUT_NAME) and fig["questions"] == 6
+    assert fig["pairs"]["supported"] == 6 and fig["pairs"]["unsupported"] > 6
+    assert 0.0 <= fig["best"]["threshold"] <= 1.0 and fig["at_setting"]["threshold"] == 0.44
+    monkeypatch.setenv("ARAG_DATA_DIR", str(lib.data_dir))
+    monkeypatch.setenv("ARAG_EMBEDDING__PROVIDER", "hash")
+    args = ["train", "support", "--lexical", "--train", str(train), "--val-limit", "6"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "best F1" in res.output and "setting" in res.output and "held-out" in res.output
+    assert "installed" not in res.output  # nothing trained

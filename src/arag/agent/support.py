@@ -143,11 +143,11 @@ class CrossEncoderSupport:
 
 
 class CombinedSupport:
-    """The trained cross-encoder and the lexical overlap together: a logistic regression over
-    (lexical share, model logit, their product), fit on QASPER validation's labelled pairs. Each
-    alone misses what the other catches (a paraphrase the words miss; a wrong number or a name the
-    2-layer model glosses over): two-fold AUC 0.861, against 0.811 lexical and 0.750 the model alone.
-    The weights and the threshold (best two-fold F1) are in the model card's ``calibration.combined``."""
+    """The trained cross-encoder and the lexical overlap together: a logistic regression over (lexical
+    share, model logit, their product), fit on the calibration pairs (held-out train papers by default).
+    Each alone misses what the other catches (a paraphrase the words miss; a wrong number or a name the
+    2-layer model glosses over): two-fold AUC 0.861, against 0.811 lexical and 0.750 the model alone. The
+    weights and the threshold (best two-fold F1) are in the model card's ``calibration.combined``."""
 
     def __init__(self, folder: Path, *, threads: int = 2) -> None:
         self._model = CrossEncoderSupport(folder, threads=threads)

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from arag.cli.common import build_progress, console, handle_errors, load_settings
+from arag.cli.eval_answers import print_split_note, reranker_calibration, split_note
 from arag.cli.eval_answers import register as register_answers
 from arag.errors import InputError
 from arag.records import Answer, ScoredChunk, SearchFilter
@@ -107,10 +108,12 @@ def eval_retrieval(
     bm25 = BM25Encoder()
     depth = max(20, settings.retrieval.fused_k)
     reranking = {}
+    splits = split_note(qpath, False, settings, "none", None)
     if any(m.startswith("+rerank") or m in STRATEGY_METHODS for m in chosen):
         from arag.models.reranker import get_reranker
 
         model = get_reranker(settings)  # loaded once, shared by every reranked row
+        splits = split_note(qpath, False, settings, model.name, None, reranker_calibration(model))
         plain = settings.retrieval.model_copy(update={"strategy": "plain"})  # whatever the config says
         for m in ("+rerank", "+rerank+mmr"):
             rs = settings.rerank.model_copy(update={"mmr": m.endswith("mmr")})
@@ -164,13 +167,19 @@ def eval_retrieval(
             table.add_row(name, *cells)
         table.add_row("median ms", *(f"{r.median_ms:.1f}" for _, r in mine))
         console.print(table)
+    print_split_note(splits)
     if json_out:
         import json
 
         json_out.write_text(
             json.dumps(
                 [
-                    {"method": m, "not_in_library": absent, **r.model_dump(exclude={"results"})}
+                    {
+                        "method": m,
+                        "not_in_library": absent,
+                        "splits": splits,
+                        **r.model_dump(exclude={"results"}),
+                    }
                     for m, r in reports
                 ],
                 indent=2,

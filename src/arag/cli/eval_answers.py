@@ -80,22 +80,60 @@ def parse_configs(text: str) -> list[str]:
 
 
 def split_note(
-    qpath: Path, held_out: bool, settings: Settings, reranker: str, reader: str | None
+    qpath: Path,
+    held_out: bool,
+    settings: Settings,
+    reranker: str,
+    reader: str | None,
+    calibrated_on: str | None = None,
 ) -> dict[str, Any]:
-    """Which split the figures are reported on, and what was fit on which split."""
+    """Which split the figures are reported on, and what was fit on which split (``calibrated_on``:
+    the questions the trained reranker's card says it was calibrated on)."""
     reported = qpath.name + (" (the papers held out of the answer reader's training)" if held_out else "")
-    fit_on = ["the LLM, embedder and rules: nothing fit on QASPER"]
+    fit_on = [
+        "the LLM, embedder and rules: nothing fit on QASPER; the lexical support threshold: on QASPER train"
+    ]
     if reranker.startswith("trained:"):
         fit_on.append(
             f"the reranker ({reranker}): trained on QASPER train, its bars and fusion weight calibrated on "
-            "QASPER validation (its model card)"
+            f"{calibrated_on or 'QASPER validation'} (its model card)"
         )
     if reader is not None:
         fit_on.append(
             f"the answer reader ({reader}): trained on QASPER train less one paper in ten, its "
             "thresholds fit on those held-out train papers"
         )
-    return {"reported_on": reported, "fit_on": fit_on}
+    note: dict[str, Any] = {"reported_on": reported, "fit_on": fit_on}
+    # A reranker calibrated on the very questions reported on flatters them: say so.
+    if calibrated_on is not None and (
+        calibrated_on == qpath.name or (held_out and calibrated_on.startswith(qpath.name + ":"))
+    ):
+        note["warning"] = (
+            f"the reranker was calibrated on these questions ({calibrated_on}): the figures are not "
+            "held out; retrain it with `arag train reranker --force` (calibrated on held-out train papers)"
+        )
+    return note
+
+
+def print_split_note(splits: dict[str, Any]) -> None:
+    """The split line under an eval's tables (and its warning, if any)."""
+    console.print(
+        f"reported on: {splits['reported_on']}; fit on: " + "; ".join(splits["fit_on"]),
+        highlight=False,
+        soft_wrap=True,
+    )
+    if "warning" in splits:
+        console.print(f"[yellow]warning:[/] {splits['warning']}", highlight=False, soft_wrap=True)
+
+
+def reranker_calibration(reranker: object) -> str | None:
+    """The questions a trained reranker was calibrated on, from its card (None for other rerankers)."""
+    from arag.models.reranker import OnnxReranker
+
+    if not isinstance(reranker, OnnxReranker):
+        return None
+    found = reranker.card.data.get("validation")
+    return str(found) if found is not None else None
 
 
 def _cell(m: Any, *, show_n: bool) -> str:
@@ -331,12 +369,8 @@ def eval_answers(
         if out is not None:
             out.close()
     print_reports(reports)
-    splits = split_note(qpath, held_out, settings, reranker.name, readers)
-    console.print(
-        f"reported on: {splits['reported_on']}; fit on: " + "; ".join(splits["fit_on"]),
-        highlight=False,
-        soft_wrap=True,
-    )
+    splits = split_note(qpath, held_out, settings, reranker.name, readers, reranker_calibration(reranker))
+    print_split_note(splits)
     if json_out:
         summary = {
             "questions_file": str(qpath),

@@ -93,7 +93,6 @@ def train_in_server(settings: Settings, store: Store, progress: ProgressFactory)
             settings,
             TrainConfig(),
             train_path=default_questions_path("train"),
-            val_path=default_questions_path("validation"),
             progress=progress,
             library=(store, embedder),
         )

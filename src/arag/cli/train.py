@@ -27,7 +27,12 @@ Lr = Annotated[float, typer.Option(help="Learning rate of the MiniLM layers.")]
 HeadLr = Annotated[float, typer.Option(help="Learning rate of the scoring head.")]
 Seed = Annotated[int, typer.Option(help="Seed for sampling and initialisation.")]
 TrainLimit = Annotated[int | None, typer.Option(help="Only the first N training questions.")]
-ValLimit = Annotated[int | None, typer.Option(help="Only the first N validation questions.")]
+ValLimit = Annotated[int | None, typer.Option(help="Only the first N calibration questions.")]
+# Without --validation the models are chosen and calibrated on the train papers held out of training.
+CALIBRATE_HELP = (
+    "QASPER questions to choose and calibrate on (default: the questions of the train papers held out "
+    "of training, one in ten; validation is then only reported on)."
+)
 Force = Annotated[bool, typer.Option("--force", help="Retrain even if a model is installed.")]
 
 
@@ -42,9 +47,7 @@ def _questions(path: Path | None, split: str) -> Path:
 @handle_errors
 def train_reranker_cmd(
     train: TrainQuestions = None,
-    validation: Annotated[
-        Path | None, typer.Option(help="QASPER questions to validate and calibrate on (default: validation).")
-    ] = None,
+    validation: Annotated[Path | None, typer.Option(help=CALIBRATE_HELP)] = None,
     layers: Layers = 2,
     max_length: Annotated[int, typer.Option(help="Word-pieces per (question, passage) pair.")] = 160,
     epochs: Annotated[float, typer.Option(help="Passes over the training questions.")] = 1.5,
@@ -55,7 +58,7 @@ def train_reranker_cmd(
     head_lr: HeadLr = 3e-3,
     seed: Seed = 0,
     quantize: Annotated[
-        str, typer.Option(help="auto (int8 if it holds validation nDCG), int8 or fp32.")
+        str, typer.Option(help="auto (int8 if it holds calibration nDCG), int8 or fp32.")
     ] = "auto",
     train_limit: TrainLimit = None,
     val_limit: ValLimit = None,
@@ -67,8 +70,9 @@ def train_reranker_cmd(
         ),
     ] = False,
 ) -> None:
-    """Fine-tune the cross-encoder reranker from the packaged MiniLM weights on QASPER train, export it
-    to ONNX, calibrate its bars on validation and install it with a model card."""
+    """Fine-tune the cross-encoder reranker from the packaged MiniLM weights on QASPER train less the
+    held-out papers, export it to ONNX, calibrate its fusion weight and bars on the held-out papers'
+    questions and install it with a model card."""
     from arag.train.reranker_pipeline import train_reranker
 
     settings = load_settings()
@@ -76,7 +80,7 @@ def train_reranker_cmd(
     if recalibrate:
         from arag.train.reranker_pipeline import recalibrate as refit
 
-        card = refit(settings, _questions(validation, "validation"), progress=build_progress)
+        card = refit(settings, validation, train_path=train, progress=build_progress)
         _report(card, f"recalibrated {target}")
         return
     trained = _train(
@@ -120,8 +124,8 @@ def _train(
     **fields: Any,
 ) -> ModelCard | None:
     """Both ``arag train`` runs: None when a model is installed in ``target`` and not ``force``d, else
-    the card ``trainer`` installs, trained on ``paths`` (train, validation; default the packaged
-    QASPER splits) with the first ``limits`` questions of each."""
+    the card ``trainer`` installs, trained on ``paths`` (train, calibration; default QASPER train and
+    its held-out papers) with the first ``limits`` questions of each."""
     from arag.models.onnx_files import CARD_FILE
 
     if (target / CARD_FILE).is_file() and not force:
@@ -131,7 +135,7 @@ def _train(
         settings,
         _train_config(quantize, **fields),
         train_path=_questions(paths[0], "train"),
-        val_path=_questions(paths[1], "validation"),
+        val_path=paths[1],
         train_limit=limits[0],
         val_limit=limits[1],
         progress=build_progress,
@@ -150,7 +154,8 @@ def _train_config(quantize: str, **fields: Any) -> TrainConfig:
 
 def _report(card: ModelCard, headline: str) -> None:
     v = card.validation
-    table = Table("", "Recall@10", "nDCG@10", "MRR@10", title=f"{card.model_id}: QASPER validation")
+    title = f"{card.model_id}: calibrated on {card.data.get('validation', 'QASPER validation')}"
+    table = Table("", "Recall@10", "nDCG@10", "MRR@10", title=title)
     for name in ("fused_order", "fp32", "int8", "final"):
         if name in v:
             m = v[name]
@@ -163,16 +168,15 @@ def _report(card: ModelCard, headline: str) -> None:
         f"(final nDCG@10 two-fold {v.get('final_ndcg@10_two_fold', float('nan')):.3f}); {bars}",
         soft_wrap=True,
     )
-    console.print("kept set on validation: " + json.dumps(v.get("kept_set", {})), soft_wrap=True)
+    kept = json.dumps(v.get("kept_set", {}))
+    console.print("kept set on the calibration questions: " + kept, soft_wrap=True)
 
 
 @train_app.command("support")
 @handle_errors
 def train_support_cmd(
     train: TrainQuestions = None,
-    validation: Annotated[
-        Path | None, typer.Option(help="QASPER questions to measure and calibrate on (default: validation).")
-    ] = None,
+    validation: Annotated[Path | None, typer.Option(help=CALIBRATE_HELP)] = None,
     layers: Layers = 2,
     max_length: Annotated[int, typer.Option(help="Word-pieces per (claim, passage) pair.")] = 192,
     epochs: Annotated[float, typer.Option(help="Passes over the training answers.")] = 1.0,
@@ -181,7 +185,7 @@ def train_support_cmd(
     seed: Seed = 0,
     threads: Annotated[int, typer.Option(help="CPU threads for training and scoring.")] = 2,
     quantize: Annotated[
-        str, typer.Option(help="auto (int8 if it holds validation AUC), int8 or fp32.")
+        str, typer.Option(help="auto (int8 if it holds calibration AUC), int8 or fp32.")
     ] = "auto",
     train_limit: TrainLimit = None,
     val_limit: ValLimit = None,
@@ -192,17 +196,39 @@ def train_support_cmd(
             "--recalibrate", help="Refit the installed model's combined (model + lexical) calibration only."
         ),
     ] = False,
+    lexical: Annotated[
+        bool,
+        typer.Option(
+            "--lexical",
+            help="Only measure the lexical scorer on the calibration pairs (no model, no training) and "
+            "print its best-F1 threshold, the value of ARAG_AGENT__SUPPORT_THRESHOLD.",
+        ),
+    ] = False,
 ) -> None:
     """Fine-tune the claim verifier's cross-encoder (does a passage support a claim?) from the packaged
-    MiniLM weights on QASPER train, measure it on validation pairs (alone, and combined with the
-    lexical overlap) and install it with a model card."""
+    MiniLM weights on QASPER train less the held-out papers, measure it on the held-out papers'
+    pairs (alone, and combined with the lexical overlap) and install it with a model card."""
     from arag.train.support_pipeline import recalibrate_support, train_support
 
     settings = load_settings()
     target = settings.support_dir
+    if lexical:
+        from arag.train.support_pipeline import lexical_calibration
+
+        _report_lexical(
+            lexical_calibration(
+                settings,
+                validation,
+                train_path=train,
+                val_limit=val_limit,
+                seed=seed,
+                progress=build_progress,
+            )
+        )
+        return
     if recalibrate:
         card = recalibrate_support(
-            settings, _questions(validation, "validation"), val_limit=val_limit, progress=build_progress
+            settings, validation, train_path=train, val_limit=val_limit, progress=build_progress
         )
         _report_combined(card)
         return
@@ -228,6 +254,23 @@ def train_support_cmd(
         _report_combined(trained)
 
 
+def _report_lexical(fig: dict[str, Any]) -> None:
+    best, now = fig["best"], fig["at_setting"]
+    pairs = f"{fig['pairs']['supported']} supported / {fig['pairs']['unsupported']} unsupported pairs"
+    table = Table("lexical", "AUC", "Precision", "Recall", "F1", "F1 two-fold", "Threshold")
+    table.title = f"{fig['fit_on']}: {fig['questions']} questions, {pairs}"
+    table.add_row(
+        "best F1", f"{best['auc']:.3f}", f"{best['precision']:.3f}", f"{best['recall']:.3f}",
+        f"{best['f1']:.3f}", "" if best["f1_two_fold"] is None else f"{best['f1_two_fold']:.3f}",
+        f"{best['threshold']:.3f}",
+    )  # fmt: skip
+    table.add_row(
+        "setting", "", f"{now['precision']:.3f}", f"{now['recall']:.3f}", f"{now['f1']:.3f}", "",
+        f"{now['threshold']:.3f}",
+    )  # fmt: skip
+    console.print(table)
+
+
 def _report_combined(card: ModelCard) -> None:
     c = card.calibration.get("combined")
     if not c:
@@ -246,7 +289,7 @@ def _report_support(card: ModelCard, target: Path) -> None:
     pairs = f"{v['pairs']['supported']} supported / {v['pairs']['unsupported']} unsupported pairs"
     table = Table(
         "", "AUC", "Precision", "Recall", "F1", "F1 two-fold", "Threshold",
-        title=f"{card.model_id}: QASPER validation, {pairs}",
+        title=f"{card.model_id}: {card.data.get('validation', 'QASPER validation')}, {pairs}",
     )  # fmt: skip
     # answer_only: the chosen model with the answer alone as the claim (closer to what the verifier
     # checks); lexical: the baseline scorer at its best threshold and at its setting.

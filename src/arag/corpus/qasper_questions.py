@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -14,9 +14,14 @@ from pydantic import BaseModel
 from arag.errors import InputError
 from arag.settings import find_shared_dir
 
-# One in this many QASPER train papers is held out of the answer reader's training: the thresholds of
-# the answer specialists are fit on their questions (validation is only ever reported on).
+# One in this many QASPER train papers is held out of training (the reranker, the support model, the
+# answer reader): thresholds, bars and weights are fit on their questions, so validation is only ever
+# reported on.
 HELD_OUT_MOD = 10
+# How reports and model cards name that slice.
+HELD_OUT_NAME = "held-out train papers (sha1(id) % 10 == 0)"
+
+T = TypeVar("T")
 
 # QASPER marks an evidence item that is a figure or table ("FLOAT SELECTED: ..."), not corpus text.
 FLOAT_MARKER = "FLOAT SELECTED"
@@ -35,6 +40,12 @@ class EvalQuestion(BaseModel):
 def held_out_paper(paper_id: str) -> bool:
     """Whether a QASPER train paper is in the slice held out of training, for fitting thresholds."""
     return int(hashlib.sha1(paper_id.encode()).hexdigest()[:8], 16) % HELD_OUT_MOD == 0
+
+
+def split_held_out(items: Sequence[T], paper_id: Callable[[T], str]) -> tuple[list[T], list[T]]:
+    """(training items, held-out items), split by paper with :func:`held_out_paper`, order kept."""
+    train = [i for i in items if not held_out_paper(paper_id(i))]
+    return train, [i for i in items if held_out_paper(paper_id(i))]
 
 
 def default_questions_path(split: str = "validation") -> Path:

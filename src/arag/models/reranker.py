@@ -47,7 +47,8 @@ class Bars(BaseModel):
 
 
 class ModelCard(BaseModel):
-    """What a trained reranker is, how it was made, and how well it did on QASPER validation."""
+    """What a trained reranker is, how it was made, and how well it did on its calibration questions
+    (the held-out train papers' by default)."""
 
     model_id: str
     base_model: str
@@ -64,7 +65,7 @@ class ModelCard(BaseModel):
     validation: dict[str, Any] = Field(default_factory=dict)
     bars: Bars | None = None
     # The final score is model score + fusion_weight * -ln(fused rank): how much the hybrid
-    # search's own ranking still counts after reranking (fit on QASPER validation; 0: none).
+    # search's own ranking still counts after reranking (fit on the calibration questions; 0: none).
     fusion_weight: float = 0.0
     calibration: dict[str, Any] = Field(default_factory=dict)
 

@@ -1,4 +1,5 @@
-"""Calibrating the trained models on validation (the metrics are :mod:`arag.train.metrics`): the
+"""Calibrating the trained models on their calibration questions (by default the held-out train
+papers'; the metrics are :mod:`arag.train.metrics`): the
 reranker's fusion weight and the bars that maximise the kept set's evidence F1, with the score
 histogram recorded in its model card; the support model's Platt scaling and its combination with
 the lexical overlap. Pure functions but for reading settings."""
@@ -105,7 +106,7 @@ def fit_fusion_weight(
 
 
 class Calibration(BaseModel):
-    """The fusion weight and bars fit on validation, with the figures they give."""
+    """The fusion weight and bars fit on the calibration questions, with the figures they give."""
 
     fusion_weight: float
     bars: Bars
@@ -134,7 +135,8 @@ def calibrate_reranker(
         },
         calibration={
             "method": "fusion weight: the grid value (0..4 by 0.1) of w in score - w * ln(fused rank) "
-            "with the best mean nDCG@10 on QASPER validation (two-fold cross-fit figure beside it); "
+            "with the best mean nDCG@10 on the calibration questions (two-fold cross-fit figure beside "
+            "it); "
             "bars: the (lower, upper) pair from quantiles of the final scores with the best mean "
             "kept-set evidence F1",
             "histogram": score_histogram(val, final, supported_rank=rs.supported_rank),

@@ -7,7 +7,8 @@ cross-entropy of the positive (a listwise loss: it learns to order, which is wha
 Fixed seed, fixed data order, fixed thread count: the same command gives the same weights.
 
 After training the model is exported to ONNX, quantised to int8 if that costs at most
-``max_int8_ndcg_drop`` validation nDCG@10, and its bars are calibrated on QASPER validation.
+``max_int8_ndcg_drop`` nDCG@10 on the calibration questions, and its bars are calibrated on them
+(by default the QASPER train papers held out of training; validation is only reported on).
 """
 
 from __future__ import annotations

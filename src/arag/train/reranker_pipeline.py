@@ -1,6 +1,8 @@
 """The whole ``arag train reranker`` run: mine, then :func:`arag.train.trainer.train_and_install`
 (train, export, choose int8 or fp32) with this module's evaluator (ranking metrics of candidate
-lists) and card (the fusion weight and bars calibrated on validation)."""
+lists) and card (the fusion weight and bars). By default the model is trained on QASPER train less
+one paper in ten, and chosen and calibrated on those held-out papers' questions, so that nothing is
+fit on validation, which the evals report on."""
 
 from __future__ import annotations
 
@@ -13,7 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from arag.corpus.qasper_questions import load_questions
+from arag.corpus.qasper_questions import (
+    HELD_OUT_NAME,
+    EvalQuestion,
+    default_questions_path,
+    load_questions,
+    split_held_out,
+)
 from arag.index.store import Store
 from arag.library.build import Progress
 from arag.models.embedder import BaseEmbedder
@@ -71,15 +79,43 @@ class RankingEvaluator:
         return rank_metrics(self.val, scores)
 
 
-def recalibrate(settings: Settings, val_path: Path, *, progress: ProgressFactory = quiet) -> ModelCard:
-    """Refit the installed model's fusion weight and bars on validation (the weights are untouched)."""
+def calibration_split(
+    train_path: Path, val_path: Path | None, train_limit: int | None = None, val_limit: int | None = None
+) -> tuple[list[EvalQuestion], list[EvalQuestion], str]:
+    """(training questions, questions to choose and calibrate on, the latter's name). Without
+    ``val_path`` the second are the held-out train papers' and the first the other train papers';
+    with it, every question of ``train_path`` and those of ``val_path``. Limits cut each list."""
+    if val_path is None:
+        train, held = split_held_out(load_questions(train_path), lambda q: q.paper_id)
+        return train[:train_limit], held[:val_limit], f"{train_path.name}: {HELD_OUT_NAME}"
+    return (
+        load_questions(train_path, limit=train_limit),
+        load_questions(val_path, limit=val_limit),
+        val_path.name,
+    )
+
+
+def recalibrate(
+    settings: Settings,
+    val_path: Path | None = None,
+    *,
+    train_path: Path | None = None,
+    progress: ProgressFactory = quiet,
+) -> ModelCard:
+    """Refit the installed model's fusion weight and bars (the weights are untouched) on ``val_path``,
+    or by default on the held-out papers of ``train_path`` (default QASPER train)."""
     model = OnnxReranker(
         settings.reranker_dir, threads=settings.rerank.threads, max_length=settings.rerank.max_length
     )
+    _, val_raw, val_name = calibration_split(train_path or default_questions_path("train"), val_path)
     with mining_retrievers(settings) as (store, _, resolving):
-        val_qs = in_library(load_questions(val_path), store.paper_ids(), "validation")
+        val_qs = in_library(val_raw, store.paper_ids(), "calibration")
         val = each(
-            progress, "validation candidates", "questions", val_qs, lambda q: candidates_for(q, resolving)
+            progress,
+            "calibration candidates",
+            "questions",
+            val_qs,
+            lambda q: candidates_for(q, resolving),
         )
     with progress("scoring", "questions") as bar:
         bar.start(len(val))
@@ -90,6 +126,7 @@ def recalibrate(settings: Settings, val_path: Path, *, progress: ProgressFactory
             "bars": calib.bars,
             "fusion_weight": calib.fusion_weight,
             "inference_max_length": model.max_length,
+            "data": {**model.card.data, "validation": val_name, "validation_questions": len(val)},
             "validation": {
                 **model.card.validation,
                 **calib.validation,
@@ -110,24 +147,27 @@ def train_reranker(
     cfg: TrainConfig,
     *,
     train_path: Path,
-    val_path: Path,
+    val_path: Path | None = None,
     train_limit: int | None = None,
     val_limit: int | None = None,
     progress: ProgressFactory = quiet,
     library: tuple[Store, BaseEmbedder] | None = None,
 ) -> ModelCard:
-    """Train, export, calibrate and install the reranker into ``settings.reranker_dir``.
-    ``library``: mine through a store and embedder this process holds open (the service trains in
-    the background); it is left open."""
+    """Train, export, calibrate and install the reranker into ``settings.reranker_dir``; chosen and
+    calibrated on ``val_path``, by default on the held-out papers of ``train_path``. ``library``: mine
+    through a store and embedder this process holds open (the service trains in the background); it
+    is left open."""
     require_torch()
     t_start = time.perf_counter()
     with mining_retrievers(settings, library) as (store, plain, resolving):
         papers = store.paper_ids()
-        train_qs = in_library(load_questions(train_path, limit=train_limit), papers, "training")
-        val_qs = in_library(load_questions(val_path, limit=val_limit), papers, "validation")
+        train_raw, val_raw, val_name = calibration_split(train_path, val_path, train_limit, val_limit)
+        train_qs = in_library(train_raw, papers, "training")
+        val_qs = in_library(val_raw, papers, "calibration")
         lib = library_key(settings)
         cache = settings.cache_dir / "reranker"
-        tag = f"{train_limit}-{val_limit}"
+        # The held-out split trains on fewer questions than the whole file: its own cache entries.
+        tag = f"{train_limit}-{val_limit}" + ("-held-out" if val_path is None else "")
         mined: list[MinedQuestion] = cached(
             cache / f"train-{cache_key(train_path, lib, tag)}.json",
             MinedQuestion,
@@ -136,10 +176,14 @@ def train_reranker(
             ),
         )
         val: list[Candidates] = cached(
-            cache / f"val-{cache_key(val_path, lib, tag)}.json",
+            cache / f"val-{cache_key(val_path or train_path, lib, tag)}.json",
             Candidates,
             lambda: each(
-                progress, "validation candidates", "questions", val_qs, lambda q: candidates_for(q, resolving)
+                progress,
+                "calibration candidates",
+                "questions",
+                val_qs,
+                lambda q: candidates_for(q, resolving),
             ),
         )
 
@@ -155,7 +199,7 @@ def train_reranker(
                 "train": str(train_path.name),
                 "train_questions": len(mined),
                 "train_questions_with_positive": sum(1 for m in mined if m.positives),
-                "validation": str(val_path.name),
+                "validation": val_name,
                 "validation_questions": len(val),
                 "candidates": "library-wide hybrid + paper resolution, fused top "
                 f"{settings.retrieval.fused_k}; query: \"In the paper '<title>': <question>\"",

@@ -11,9 +11,10 @@ with the reranker's machinery (:mod:`arag.train.reranker`): listwise groups of o
 - Unsupported premises: the gold paper's top hybrid-retrieved chunks without evidence (hard), a
   seeded random sample of its other chunks, and the top library-wide chunks of other papers.
 
-The labelled set of QASPER validation (one supported and up to three unsupported pairs per question)
-measures the verifier: AUC, and precision / recall / F1 at the threshold with the best F1. The
-logits are Platt-scaled into probabilities there; scale, offset and threshold go in the model card.
+The labelled set of the calibration questions (by default those of the QASPER train papers held out of
+training; one supported and up to three unsupported pairs per question) measures the verifier: AUC,
+and precision / recall / F1 at the threshold with the best F1. The logits are Platt-scaled into
+probabilities there; scale, offset and threshold go in the model card.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from arag.agent.support import LexicalSupport, platt
-from arag.corpus.qasper_questions import FLOAT_MARKER, EvalQuestion, read_question_items
+from arag.corpus.qasper_questions import (
+    FLOAT_MARKER,
+    HELD_OUT_NAME,
+    EvalQuestion,
+    default_questions_path,
+    held_out_paper,
+    read_question_items,
+)
 from arag.errors import ModelError
 from arag.eval.retrieval import hits_per_rank
 from arag.library.build import Progress
@@ -60,7 +68,7 @@ from arag.train.trainer import (
 SUPPORT_FORMAT = 1
 WHERE = "arag train support"
 # Per question: random same-paper chunks kept, other papers' chunks kept, and how many of the top
-# hard / other-paper chunks the validation negatives are drawn from.
+# hard / other-paper chunks the calibration negatives are drawn from.
 RANDOM_NEGATIVES = 8
 OTHER_NEGATIVES = 24
 VAL_TOP = 5
@@ -175,7 +183,7 @@ def to_mined(examples: Sequence[SupportExample], cfg: TrainConfig) -> list[Mined
 
 
 def labelled_pairs(examples: Sequence[SupportExample], seed: int) -> list[SupportPair]:
-    """The validation set: per question (its first example), one supported pair (a random evidence
+    """The calibration set: per question (its first example), one supported pair (a random evidence
     chunk) and up to three unsupported ones: one of each kind (hard, random, other paper), topped
     up from the other kinds' leftovers when a kind has none."""
     out: list[SupportPair] = []
@@ -240,15 +248,21 @@ def score_pairs(
 
 
 def recalibrate_support(
-    settings: Settings, val_path: Path, *, val_limit: int | None = None, progress: ProgressFactory = quiet
+    settings: Settings,
+    val_path: Path | None = None,
+    *,
+    train_path: Path | None = None,
+    val_limit: int | None = None,
+    progress: ProgressFactory = quiet,
 ) -> ModelCard:
-    """Refit the installed support model's combined (model + lexical) calibration on validation;
-    the weights of the model are untouched. The card is replaced atomically."""
+    """Refit the installed support model's combined (model + lexical) calibration on ``val_path``, by
+    default on the held-out papers of ``train_path`` (default QASPER train); the weights of the model
+    are untouched. The card is replaced atomically."""
     model = OnnxReranker(settings.support_dir, threads=settings.threads)
     seed = int(model.card.seed)
-    val, _ = _mine(settings, val_path, val_limit, "validation", seed, progress, "val")
+    val, _, val_name = _mine_calibration(settings, train_path, val_path, val_limit, seed, progress)
     pairs = labelled_pairs(val, seed)
-    with progress("scoring validation pairs", "pairs") as bar:
+    with progress("scoring calibration pairs", "pairs") as bar:
         bar.start(len(pairs))
         logits, _ = score_pairs(model, pairs)
         bar.advance(len(pairs))
@@ -256,11 +270,67 @@ def recalibrate_support(
     lex_scores = [lexical.score(p.hypothesis, p.premise) for p in pairs]
     card = model.card.model_copy(
         update={
-            "calibration": {**model.card.calibration, "combined": fit_combined(pairs, lex_scores, logits)}
+            "calibration": {
+                **model.card.calibration,
+                "combined": {**fit_combined(pairs, lex_scores, logits), "fit_on": val_name},
+            }
         }
     )
     replace_card(settings.support_dir, card)
     return card
+
+
+def lexical_calibration(
+    settings: Settings,
+    val_path: Path | None = None,
+    *,
+    train_path: Path | None = None,
+    val_limit: int | None = None,
+    seed: int = 0,
+    progress: ProgressFactory = quiet,
+) -> dict[str, Any]:
+    """The lexical scorer alone on the calibration pairs (no model, no torch): its metrics at the
+    best-F1 threshold (the value ``agent.support_threshold`` is set from) and at the current setting,
+    and the split's name."""
+    val, n, val_name = _mine_calibration(settings, train_path, val_path, val_limit, seed, progress)
+    pairs = labelled_pairs(val, seed)
+    labels = [p.supported for p in pairs]
+    if len(set(labels)) < 2:
+        raise ModelError(
+            "the calibration set needs supported and unsupported pairs",
+            where=WHERE,
+            fix="build the full QASPER library first (arag library build), or raise --val-limit",
+        )
+    lexical = LexicalSupport(settings.agent.support_threshold)
+    scores = [lexical.score(p.hypothesis, p.premise) for p in pairs]
+    return {
+        "fit_on": val_name,
+        "questions": n,
+        "pairs": {"supported": sum(labels), "unsupported": len(labels) - sum(labels)},
+        "best": verifier_metrics(pairs, scores),
+        "at_setting": {
+            "threshold": lexical.threshold,
+            **rounded(confusion(scores, labels, lexical.threshold)),
+        },
+    }
+
+
+def _mine_calibration(
+    settings: Settings,
+    train_path: Path | None,
+    val_path: Path | None,
+    limit: int | None,
+    seed: int,
+    progress: ProgressFactory,
+) -> tuple[list[SupportExample], int, str]:
+    """The calibration questions' mined examples, how many questions, and the split's name: those of
+    ``val_path``, or by default of the held-out papers of ``train_path`` (default QASPER train)."""
+    if val_path is not None:
+        val, n = _mine(settings, val_path, limit, "validation", seed, progress, "val")
+        return val, n, val_path.name
+    path = train_path or default_questions_path("train")
+    val, n = _mine(settings, path, limit, "calibration", seed, progress, "held-out", held_out=True)
+    return val, n, f"{path.name}: {HELD_OUT_NAME}"
 
 
 def _mine(
@@ -271,10 +341,15 @@ def _mine(
     seed: int,
     progress: ProgressFactory,
     tag: str,
+    held_out: bool | None = None,
 ) -> tuple[list[SupportExample], int]:
-    """Mined examples of a questions file (cached), and how many questions they come from."""
+    """Mined examples of a questions file (cached), and how many questions they come from; with
+    ``held_out`` True only the held-out papers' questions, False only the others'."""
     with mining_retrievers(settings) as (store, plain, resolving):
-        items = load_answered(path, limit=limit)
+        items = load_answered(path)
+        if held_out is not None:
+            items = [(q, item) for q, item in items if held_out_paper(q.paper_id) == held_out]
+        items = items[:limit]
         kept = {q.question_id for q in in_library([q for q, _ in items], store.paper_ids(), what, WHERE)}
         items = [(q, item) for q, item in items if q.question_id in kept]
 
@@ -296,7 +371,7 @@ def _mine(
 
 @dataclass
 class VerifierEvaluator:
-    """The support model on the labelled validation pairs: AUC and the best-F1 threshold."""
+    """The support model on the labelled calibration pairs: AUC and the best-F1 threshold."""
 
     pairs: list[SupportPair]
     max_length: int | None = None
@@ -324,21 +399,25 @@ def train_support(
     cfg: TrainConfig,
     *,
     train_path: Path,
-    val_path: Path,
+    val_path: Path | None = None,
     train_limit: int | None = None,
     val_limit: int | None = None,
     progress: ProgressFactory = quiet,
 ) -> ModelCard:
-    """Mine, train, export, choose int8 or fp32, calibrate and install into ``settings.support_dir``."""
+    """Mine, train, export, choose int8 or fp32, calibrate and install into ``settings.support_dir``;
+    measured and calibrated on ``val_path``, by default on the held-out papers of ``train_path``
+    (which are then left out of training)."""
     require_torch()
     t_start = time.perf_counter()
-    train, n_train = _mine(settings, train_path, train_limit, "training", cfg.seed, progress, "train")
-    val, n_val = _mine(settings, val_path, val_limit, "validation", cfg.seed, progress, "val")
+    held = None if val_path is not None else False
+    tag = "train" if held is None else "train-held-in"
+    train, n_train = _mine(settings, train_path, train_limit, "training", cfg.seed, progress, tag, held)
+    val, n_val, val_name = _mine_calibration(settings, train_path, val_path, val_limit, cfg.seed, progress)
     pairs = labelled_pairs(val, cfg.seed)
     labels = [p.supported for p in pairs]
     if len(set(labels)) < 2:
         raise ModelError(
-            "the validation set needs supported and unsupported pairs",
+            "the calibration set needs supported and unsupported pairs",
             where=WHERE,
             fix="build the full QASPER library first (arag library build), or raise --val-limit",
         )
@@ -354,7 +433,7 @@ def train_support(
         answer_only, _ = score_pairs(t.models[t.chosen], pairs, answer_only=True)
         lexical = LexicalSupport(settings.agent.support_threshold)
         lex_scores = [lexical.score(p.hypothesis, p.premise) for p in pairs]
-        combined = fit_combined(pairs, lex_scores, scores)
+        combined = {**fit_combined(pairs, lex_scores, scores), "fit_on": val_name}
         lex_default = confusion(lex_scores, labels, lexical.threshold)
         return ModelCard(
             model_id=f"minilm-l{cfg.layers}-support-qasper-{t.digest[:8]}",
@@ -363,7 +442,7 @@ def train_support(
                 "train": train_path.name,
                 "train_questions": n_train,
                 "train_examples": len(train),
-                "validation": val_path.name,
+                "validation": val_name,
                 "validation_questions": n_val,
                 "hypothesis": "question + gold answer (extractive spans joined with '; ', else the "
                 "free-form answer, else Yes/No); unanswerable annotations skipped",
@@ -372,7 +451,7 @@ def train_support(
                 "negatives": "no annotator's evidence: the gold paper's top hybrid-retrieved chunks, "
                 f"{RANDOM_NEGATIVES} random other chunks of it (seeded), and the top chunks of other "
                 "papers in a library-wide search of the question",
-                "answer_only": "the validation pairs with the answer alone as the hypothesis",
+                "answer_only": "the calibration pairs with the answer alone as the hypothesis",
                 "validation_set": "per question one supported pair (a random evidence chunk) and up to 3 "
                 f"unsupported (one each from the top {VAL_TOP} hard, the random, the top {VAL_TOP} "
                 "other-paper chunks)",
@@ -392,9 +471,9 @@ def train_support(
                 "lexical_at_default": {"threshold": lexical.threshold, **rounded(lex_default)},
             },
             calibration={
-                "method": "threshold: the logit with the best F1 on the validation pairs (midway to the "
+                "method": "threshold: the logit with the best F1 on the calibration pairs (midway to the "
                 "next lower score); probability: Platt scaling sigmoid(a * logit + b) fit on them; "
-                "int8 when its validation AUC is at most max_int8_ndcg_drop below fp32's",
+                "int8 when its calibration AUC is at most max_int8_ndcg_drop below fp32's",
                 "platt_a": a,
                 "platt_b": b,
                 "logit_threshold": logit_t,

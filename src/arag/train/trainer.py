@@ -1,8 +1,8 @@
-"""What ``arag train reranker`` and ``arag train support`` share: the library the data is mined
-from, progress, and the run after mining (train, export fp32 and int8, check the export, score both
-on validation, choose one, write the card, install). Each pipeline supplies its training records,
-its :class:`Evaluator` and its model card. The model folder is replaced in one rename, so a crash
-leaves the previous model (or none), never half of one."""
+"""What ``arag train reranker`` and ``arag train support`` share: the library the data is mined from,
+progress, and the run after mining (train, export fp32 and int8, check the export, score both on the
+calibration questions (held-out train papers by default), choose one, write the card, install). Each
+pipeline supplies its training records, its :class:`Evaluator` and its model card. The model folder is
+replaced in one rename, so a crash leaves the previous model (or none), never half of one."""
 
 from __future__ import annotations
 
