@@ -280,6 +280,16 @@ def test_bench_first_run_times_a_small_first_run(
     assert FirstRunResult.model_validate_json(r.model_dump_json()) == r
 
 
+def test_a_first_run_that_trains_samples_held_out_train_papers_to_calibrate_on(qasper_path: Path) -> None:
+    from arag.bench.first_run import sample_papers
+    from arag.corpus.qasper_questions import default_questions_path, held_out_paper
+
+    train = {q["paper_id"] for q in json.loads(default_questions_path("train").read_text())}
+    papers = sample_papers(40)
+    assert len(set(papers)) == 40 and set(papers) <= train
+    assert sum(held_out_paper(p) for p in papers) == 10
+
+
 def test_searches_while_batches_are_written_see_whole_papers(tmp_path: Path) -> None:
     """The store contract the background build relies on: one thread writes batches (delete + one
     upsert per batch, as the build does) while another searches the same open Edge shard; every

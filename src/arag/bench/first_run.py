@@ -59,8 +59,8 @@ class FirstRunResult(BaseModel):
     """Seconds from the start of ``arag serve`` in a fresh data directory, and the probes' latency."""
 
     papers: int = Field(
-        description="papers of the library built (QASPER: a quarter with validation questions, the rest "
-        "with training questions, in corpus order; without training the corpus's first)"
+        description="papers of the library built (QASPER train papers in corpus order, a quarter of them "
+        "held out of training for calibration; without training the corpus's first)"
     )
     llm: str
     setup_s: float | None = Field(
@@ -115,31 +115,28 @@ def _questions() -> dict[str, list[str]]:
 
 
 def sample_papers(n: int) -> list[str]:
-    """``n`` QASPER papers in corpus order, a quarter of them with validation questions and the rest
-    with training questions (the corpus starts with training papers only: a library of its first
-    papers could not calibrate a reranker)."""
+    """``n`` QASPER train papers in corpus order, a quarter of them from the slice held out of training
+    (the reranker is calibrated on their questions: a library of the corpus's first papers would hold
+    too few of them)."""
 
     from arag.corpus.qasper import load_qasper
+    from arag.corpus.qasper_questions import held_out_paper
     from arag.settings import find_shared_dir, get_settings
 
     shared = find_shared_dir()
     qdir = shared / "benchmarks" / "qasper" if shared else None
-    if qdir is None or not (qdir / "questions_validation.json").is_file():
+    if qdir is None or not (qdir / "questions_train.json").is_file():
         raise ConfigError(
             "no QASPER questions beside the repository", where="../shared/benchmarks/qasper",
             fix="put the benchmark there, or run with --no-train",
         )  # fmt: skip
-    split = {}
-    for name in ("train", "validation"):
-        for q in json.loads((qdir / f"questions_{name}.json").read_text()):
-            split[q["paper_id"]] = name
-    quota = {"validation": n // 4, "train": n - n // 4}
+    train = {q["paper_id"] for q in json.loads((qdir / "questions_train.json").read_text())}
+    quota = {True: n // 4, False: n - n // 4}
     papers, _ = load_qasper(get_settings().corpus.qasper_path)
     out: list[str] = []
     for p in papers:
-        kind = split.get(p.id)
-        if kind is not None and quota[kind] > 0:
-            quota[kind] -= 1
+        if p.id in train and quota[held_out_paper(p.id)] > 0:
+            quota[held_out_paper(p.id)] -= 1
             out.append(p.id)
     return out
 
@@ -181,7 +178,7 @@ def run_first_run_bench(
     log = data.parent / f"{data.name}-serve.log"
     env = {"ARAG_SERVICE__PORT": str(port), "ARAG_SERVICE__HOST": "127.0.0.1", "ARAG_LLM__CACHE": "false"}
     if papers and train:
-        # Training needs validation papers in the library: a mixed sample, not the corpus's first.
+        # Training needs held-out train papers in the library: a mixed sample, not the corpus's first.
         env["ARAG_CORPUS__PAPER_IDS"] = json.dumps(sample_papers(papers))
     elif papers:
         env["ARAG_CORPUS__MAX_PAPERS"] = str(papers)
