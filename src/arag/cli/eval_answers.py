@@ -89,7 +89,7 @@ def split_note(
 ) -> dict[str, Any]:
     """Which split the figures are reported on, and what was fit on which split (``calibrated_on``:
     the questions the trained reranker's card says it was calibrated on)."""
-    reported = qpath.name + (" (the papers held out of the answer reader's training)" if held_out else "")
+    reported = qpath.name + (" (the papers held out of training)" if held_out else "")
     fit_on = [
         "the LLM, embedder and rules: nothing fit on QASPER; the lexical support threshold: on QASPER train"
     ]
@@ -208,8 +208,8 @@ def eval_answers(
         bool,
         typer.Option(
             "--held-out",
-            help="Only questions of the QASPER train papers held out of the answer reader's training "
-            "(with --questions <train file>: the set its thresholds are fit on).",
+            help="Only questions of the QASPER train papers held out of training (the reranker's and the "
+            "answer reader's; with --questions <train file>: the set their thresholds are fit on).",
         ),
     ] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the summary as JSON.")] = None,
