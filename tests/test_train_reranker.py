@@ -187,3 +187,21 @@ def test_by_default_the_reranker_is_calibrated_on_held_out_train_papers(
     again = recalibrate(other, train_path=train)
     assert again.data["validation"] == card.data["validation"]
     assert again.data["validation_questions"] == len(held)
+
+
+def test_recalibrating_a_model_trained_on_every_train_question_on_the_held_out_ones_warns(
+    lib: Settings,
+    trained: ModelCard,
+    questions: tuple[Path, Path],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The fixture's model was trained on all of train and calibrated on validation, like the models
+    # before the held-out split: calibrating it on held-out train papers fits it to questions it saw.
+    copy = tmp_path / "old"
+    shutil.copytree(lib.reranker_dir, copy)
+    old = lib.model_copy(update={"rerank": lib.rerank.model_copy(update={"path": copy})})
+    with caplog.at_level("WARNING", logger="arag.train.reranker_pipeline"):
+        card = recalibrate(old, train_path=questions[0])
+    assert "trained on every train question" in caplog.text and "--force" in caplog.text
+    assert card.data["validation"].endswith(HELD_OUT_NAME) and card.onnx_sha256 == trained.onnx_sha256

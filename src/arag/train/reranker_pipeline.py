@@ -6,6 +6,7 @@ fit on validation, which the evals report on."""
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +42,8 @@ from arag.train.trainer import (
     quiet,
     train_and_install,
 )
+
+log = logging.getLogger(__name__)
 
 
 def score_all(
@@ -108,6 +111,12 @@ def recalibrate(
         settings.reranker_dir, threads=settings.rerank.threads, max_length=settings.rerank.max_length
     )
     _, val_raw, val_name = calibration_split(train_path or default_questions_path("train"), val_path)
+    if val_path is None and HELD_OUT_NAME not in str(model.card.data.get("validation", "")):
+        # A model made before the split trained on the held-out papers too.
+        log.warning(
+            "the installed reranker was trained on every train question, the held-out ones included: "
+            "its bars are now fit on questions it has seen; retrain it (arag train reranker --force)"
+        )
     with mining_retrievers(settings) as (store, _, resolving):
         val_qs = in_library(val_raw, store.paper_ids(), "calibration")
         val = each(
