@@ -110,7 +110,10 @@ def recalibrate(
     model = OnnxReranker(
         settings.reranker_dir, threads=settings.rerank.threads, max_length=settings.rerank.max_length
     )
-    _, val_raw, val_name = calibration_split(train_path or default_questions_path("train"), val_path)
+    if val_path is None:
+        _, val_raw, val_name = calibration_split(train_path or default_questions_path("train"), None)
+    else:  # no train file to read
+        val_raw, val_name = load_questions(val_path), val_path.name
     if val_path is None and HELD_OUT_NAME not in str(model.card.data.get("validation", "")):
         # A model made before the split trained on the held-out papers too.
         log.warning(

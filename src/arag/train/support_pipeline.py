@@ -266,8 +266,7 @@ def recalibrate_support(
         bar.start(len(pairs))
         logits, _ = score_pairs(model, pairs)
         bar.advance(len(pairs))
-    lexical = LexicalSupport(settings.agent.support_threshold)
-    lex_scores = [lexical.score(p.hypothesis, p.premise) for p in pairs]
+    _, lex_scores = lexical_scores(settings, pairs)
     card = model.card.model_copy(
         update={
             "calibration": {
@@ -278,6 +277,25 @@ def recalibrate_support(
     )
     replace_card(settings.support_dir, card)
     return card
+
+
+def calibration_pairs(val: Sequence[SupportExample], seed: int) -> tuple[list[SupportPair], list[bool]]:
+    """The labelled calibration pairs and their labels; a ModelError unless both labels occur."""
+    pairs = labelled_pairs(val, seed)
+    labels = [p.supported for p in pairs]
+    if len(set(labels)) < 2:
+        raise ModelError(
+            "the calibration set needs supported and unsupported pairs",
+            where=WHERE,
+            fix="build the full QASPER library first (arag library build), or raise --val-limit",
+        )
+    return pairs, labels
+
+
+def lexical_scores(settings: Settings, pairs: Sequence[SupportPair]) -> tuple[LexicalSupport, list[float]]:
+    """The configured lexical scorer and its score of every pair."""
+    lexical = LexicalSupport(settings.agent.support_threshold)
+    return lexical, [lexical.score(p.hypothesis, p.premise) for p in pairs]
 
 
 def lexical_calibration(
@@ -293,16 +311,8 @@ def lexical_calibration(
     best-F1 threshold (the value ``agent.support_threshold`` is set from) and at the current setting,
     and the split's name."""
     val, n, val_name = _mine_calibration(settings, train_path, val_path, val_limit, seed, progress)
-    pairs = labelled_pairs(val, seed)
-    labels = [p.supported for p in pairs]
-    if len(set(labels)) < 2:
-        raise ModelError(
-            "the calibration set needs supported and unsupported pairs",
-            where=WHERE,
-            fix="build the full QASPER library first (arag library build), or raise --val-limit",
-        )
-    lexical = LexicalSupport(settings.agent.support_threshold)
-    scores = [lexical.score(p.hypothesis, p.premise) for p in pairs]
+    pairs, labels = calibration_pairs(val, seed)
+    lexical, scores = lexical_scores(settings, pairs)
     return {
         "fit_on": val_name,
         "questions": n,
@@ -413,14 +423,7 @@ def train_support(
     tag = "train" if held is None else "train-held-in"
     train, n_train = _mine(settings, train_path, train_limit, "training", cfg.seed, progress, tag, held)
     val, n_val, val_name = _mine_calibration(settings, train_path, val_path, val_limit, cfg.seed, progress)
-    pairs = labelled_pairs(val, cfg.seed)
-    labels = [p.supported for p in pairs]
-    if len(set(labels)) < 2:
-        raise ModelError(
-            "the calibration set needs supported and unsupported pairs",
-            where=WHERE,
-            fix="build the full QASPER library first (arag library build), or raise --val-limit",
-        )
+    pairs, labels = calibration_pairs(val, cfg.seed)
 
     def card(t: Trained) -> ModelCard:
         runs = t.runs
@@ -431,8 +434,7 @@ def train_support(
         a = max(a, 1e-6)
         logit_t = runs[t.chosen].metrics["threshold"]
         answer_only, _ = score_pairs(t.models[t.chosen], pairs, answer_only=True)
-        lexical = LexicalSupport(settings.agent.support_threshold)
-        lex_scores = [lexical.score(p.hypothesis, p.premise) for p in pairs]
+        lexical, lex_scores = lexical_scores(settings, pairs)
         combined = {**fit_combined(pairs, lex_scores, scores), "fit_on": val_name}
         lex_default = confusion(lex_scores, labels, lexical.threshold)
         return ModelCard(
