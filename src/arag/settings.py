@@ -188,6 +188,16 @@ class ReaderSettings(BaseModel):
     threads: int = 2
 
 
+class AbstentionSettings(BaseModel):
+    """The calibrated abstention after the verifier (``arag train abstention``)."""
+
+    # auto: the fitted rule when one is stored (the step runs only when the rule is on); fitted:
+    # require it (a missing one is an error naming the command); none: never decline after the verifier.
+    provider: Literal["auto", "fitted", "none"] = "auto"
+    # The rule's file; default <data_dir>/models/abstention.json.
+    path: Path | None = None
+
+
 class LLMSettings(BaseModel):
     """The language model that plans, grades and writes answers."""
 
@@ -389,6 +399,7 @@ class Settings(BaseSettings):
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     rerank: RerankSettings = Field(default_factory=RerankSettings)
     reader: ReaderSettings = Field(default_factory=ReaderSettings)
+    abstention: AbstentionSettings = Field(default_factory=AbstentionSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     arxiv: ArxivSettings = Field(default_factory=ArxivSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
@@ -519,6 +530,10 @@ class Settings(BaseSettings):
     @property
     def reader_dir(self) -> Path:
         return self.reader.path or self.data_dir / "models" / "reader"
+
+    @property
+    def abstention_path(self) -> Path:
+        return self.abstention.path or self.data_dir / "models" / "abstention.json"
 
     @property
     def support_dir(self) -> Path:

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from arag.agent.support import SupportScorer
 from arag.errors import AragError, ModelUnavailable
 from arag.llm.base import LLM, ChatMessage
+from arag.models.abstention import AbstentionRule
 from arag.models.reader import Reader
 from arag.records import NodeEvent, SearchFilter
 from arag.retrieval.pipeline import SearchResult
@@ -42,6 +43,8 @@ class AgentDeps:
     on_event: Callable[[NodeEvent], None] | None = None
     # The answer reader of the specialists node (None: the answers stand as the verifier leaves them).
     reader: Reader | None = None
+    # The calibrated abstention rule after the verifier (None: no answer is declined there).
+    abstention: AbstentionRule | None = None
 
     def count_tokens(self, text: str) -> int:
         """Tokens in the LLM's own tokenizer; about four characters a token without one."""

@@ -2,7 +2,7 @@
 
     START -> router -> direct | about -> END
                     -> planner -> retriever -> grader -> context -> synthesizer -> verifier
-                                                           -> specialists (with a trained reader) -> END
+                          -> specialists (with a trained reader) -> abstention (with a fitted rule) -> END
                                       ^          |
                                       +- reformulator (at most one retry)
 
@@ -21,6 +21,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
+from arag.agent.abstention import make_abstention, uses_abstention
 from arag.agent.context import make_context
 from arag.agent.deps import AgentDeps, SearchBackend
 from arag.agent.grader import make_grade_edge, make_grader
@@ -44,6 +45,7 @@ from arag.agent.verifier import make_verifier
 from arag.errors import InputError
 from arag.llm.base import LLM
 from arag.llm.cache import cache_hits
+from arag.models.abstention import AbstentionRule, get_abstention
 from arag.models.reader import Reader, get_reader
 from arag.records import Answer, NodeEvent, SearchFilter
 from arag.settings import QUESTION_CHARS_CEILING, Settings
@@ -60,6 +62,7 @@ NODES = (
     "synthesizer",
     "verifier",
     "specialists",
+    "abstention",
 )
 # Enough for the longest path (10 steps with the retry), with room to spare.
 RECURSION_LIMIT = 40
@@ -107,12 +110,16 @@ def build_graph(deps: AgentDeps):
         "synthesizer": make_synthesizer,
         "verifier": make_verifier,
         "specialists": make_specialists,
+        "abstention": make_abstention,
     }
     g = StateGraph(AgentState)
     # Without a reader (or one whose thresholds were never fit) the specialists have nothing to
     # say: the answer ends at the verifier.
     specialists = uses_reader(deps)
-    nodes = NODES if specialists else tuple(n for n in NODES if n != "specialists")
+    # Likewise a rule that is off (or none fit) declines nothing.
+    abstention = uses_abstention(deps)
+    skip = {n for n, on in (("specialists", specialists), ("abstention", abstention)) if not on}
+    nodes = tuple(n for n in NODES if n not in skip)
     for name in nodes:
         g.add_node(name, timed(name, makers[name](deps), deps))
     g.add_edge(START, "router")
@@ -125,11 +132,9 @@ def build_graph(deps: AgentDeps):
     g.add_conditional_edges("reformulator", make_reformulate_edge(), ["retriever", "context"])
     g.add_edge("context", "synthesizer")
     g.add_edge("synthesizer", "verifier")
-    if specialists:
-        g.add_edge("verifier", "specialists")
-        g.add_edge("specialists", END)
-    else:
-        g.add_edge("verifier", END)
+    tail = ["verifier", *(n for n in ("specialists", "abstention") if n not in skip)]
+    for a, b in zip(tail, [*tail[1:], END], strict=True):
+        g.add_edge(a, b)
     return g.compile()
 
 
@@ -239,10 +244,12 @@ def build_agent(
     support: SupportScorer | None = None,
     on_event: Callable[[NodeEvent], None] | None = None,
     reader: Reader | None | EllipsisType = ...,
+    abstention: AbstentionRule | None | EllipsisType = ...,
 ) -> Agent:
     """An agent over an open retriever. ``llm`` None answers extractively (the ``extractive``
     provider); LLM checks (grader, judge) are on for a hosted model unless the settings say otherwise.
-    ``reader``: the answer specialists' reader (default: the one the settings select)."""
+    ``reader``: the answer specialists' reader, ``abstention``: the rule after them (default: the ones
+    the settings select)."""
     a = settings.agent
     llm_checks = llm is not None and (
         a.llm_checks == "on" or (a.llm_checks == "auto" and settings.llm.provider == "openai")
@@ -256,5 +263,6 @@ def build_agent(
         llm_checks=llm_checks,
         on_event=on_event,
         reader=get_reader(settings) if isinstance(reader, EllipsisType) else reader,
+        abstention=get_abstention(settings) if isinstance(abstention, EllipsisType) else abstention,
     )
     return Agent(deps)

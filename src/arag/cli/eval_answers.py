@@ -86,9 +86,11 @@ def split_note(
     reranker: str,
     reader: str | None,
     calibrated_on: str | None = None,
+    abstention: str | None = None,
 ) -> dict[str, Any]:
     """Which split the figures are reported on, and what was fit on which split (``calibrated_on``:
-    the questions the trained reranker's card says it was calibrated on)."""
+    the questions the trained reranker's card says it was calibrated on; ``abstention``: what the
+    abstention rule in use was fit on)."""
     reported = qpath.name + (" (the papers held out of training)" if held_out else "")
     fit_on = [
         "the LLM, embedder and rules: nothing fit on QASPER; the lexical support threshold: on QASPER train"
@@ -103,6 +105,8 @@ def split_note(
             f"the answer reader ({reader}): trained on QASPER train less one paper in ten, its "
             "thresholds fit on those held-out train papers"
         )
+    if abstention is not None:
+        fit_on.append(f"the abstention rule: fit on {abstention}")
     note: dict[str, Any] = {"reported_on": reported, "fit_on": fit_on}
     # A reranker calibrated on the very questions reported on flatters them: say so.
     if calibrated_on is not None and (
@@ -239,6 +243,7 @@ def eval_answers(
     from arag.eval.naive import NaiveRAG
     from arag.eval.retrieval import check_limit
     from arag.library.manage import list_papers, open_retrieval
+    from arag.models.abstention import get_abstention
     from arag.models.reader import get_reader
     from arag.models.reranker import get_reranker
 
@@ -295,6 +300,10 @@ def eval_answers(
         reranker = get_reranker(settings)  # loaded once, shared by every configuration
         reader = get_reader(settings)
         readers = reader.name if reader is not None else None
+        rule = get_abstention(settings)
+        # A rule that is off declines nothing: the answers are as without one.
+        rule = rule if rule is not None and rule.active else None
+        rule_fit = str(rule.fit.get("fit_on", "?")) if rule is not None else None
         backend = RecordingBackend(retrieval.reranking(reranker=reranker))
         runners: dict[str, Runner] = {}
         described: dict[str, dict[str, Any]] = {}
@@ -323,10 +332,12 @@ def eval_answers(
                 None if c == "extractive" else model,
                 support=AcceptAllSupport() if c == "no-verifier" else None,
                 reader=reader,
+                abstention=rule,
             )
             runners[c] = agent.run
             described[c] = {
                 "reader": readers,
+                "abstention": None if rule is None else f"on (threshold {rule.threshold:.3f})",
                 "llm": None if c == "extractive" else llm_name,
                 "reranker": reranker.name,
                 "max_retries": s.agent.max_retries,
@@ -369,7 +380,9 @@ def eval_answers(
         if out is not None:
             out.close()
     print_reports(reports)
-    splits = split_note(qpath, held_out, settings, reranker.name, readers, reranker_calibration(reranker))
+    splits = split_note(
+        qpath, held_out, settings, reranker.name, readers, reranker_calibration(reranker), rule_fit
+    )
     print_split_note(splits)
     if json_out:
         summary = {

@@ -57,6 +57,7 @@ from arag.eval.qasper_metrics import (
     token_f1_score,
 )
 from arag.eval.retrieval import bootstrap_ci, hits_per_rank
+from arag.models.abstention import signals
 from arag.records import Answer, Chunk, SearchFilter
 from arag.retrieval.pipeline import SearchResult
 
@@ -329,6 +330,8 @@ class TraceRow(BaseModel):
     draft_f1: float | None = None
     failure: str | None = None
     error: str | None = None
+    # The abstention rule's inputs (arag.models.abstention.signals), for `arag train abstention`.
+    signals: dict[str, float] = Field(default_factory=dict)
 
 
 def score_answer(
@@ -385,6 +388,7 @@ def score_answer(
             for c, h in zip(answer.chunks, kept_hits, strict=True)
         ],
         decisions=[{"node": e.node, "decision": e.decision, "ms": e.ms} for e in answer.events],
+        signals={k: round(v, 4) for k, v in signals(answer, answer.events).items()},
         timings=answer.timings,
         total_ms=answer.total_ms,
         llm_cached_calls=answer.llm_cached_calls,
