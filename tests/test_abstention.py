@@ -102,7 +102,19 @@ def test_signals_of_an_answer_are_exact() -> None:
     assert s["short_words"] == pytest.approx(math.log1p(2))
     # "bilstm" and "encod" are both in the context's words.
     assert s["short_overlap"] == 1.0
+    assert s["short_in_question"] == 0.0 and s["hedged"] == 0.0
     assert (s["yes_no"], s["span"], s["free_form"]) == (0.0, 1.0, 0.0)
+
+
+def test_signals_see_a_hedged_answer_and_one_that_repeats_the_question() -> None:
+    a = _answer(
+        question="Which encoder do they use?",
+        short_answer="encoder",
+        text="The encoder is not specified [1].",
+    )
+    s = signals(a, [])
+    assert s["hedged"] == 1.0 and s["short_in_question"] == 1.0 and s["short_overlap"] == 0.0
+    assert signals(a.model_copy(update={"text": "A BiLSTM [1]."}), [])["hedged"] == 0.0
 
 
 def test_signals_of_an_empty_abstention() -> None:

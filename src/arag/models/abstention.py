@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,13 +41,20 @@ FEATURES: tuple[str, ...] = (
     "dropped_claims",
     "short_words",
     "short_overlap",
+    "short_in_question",
+    "hedged",
     "yes_no",
     "span",
     "free_form",
 )
 # The score of a passage that is not there (no context at all): below any bar a reranker sets.
 NO_SCORE = -10.0
-RULE_FILE = "abstention.json"
+# Phrases by which an answer says the passages do not give it, while still answering.
+_HEDGE = re.compile(
+    r"\b(?:not (?:explicitly |directly |clearly )?(?:mention|specif|state|provide|report|discuss|describ|"
+    r"given|available|clear)\w*|no (?:information|mention|details?)|unclear|unknown|cannot be determined)\b",
+    re.IGNORECASE,
+)
 FIT = "arag train abstention --traces FILE"
 
 
@@ -61,6 +69,7 @@ def signals(answer: Answer, events: Sequence[NodeEvent]) -> dict[str, float]:
     t = answer.answer_type
     short = set(tokenize(answer.short_answer)) if not answer.abstained else set()
     context_words = set(tokenize(" ".join(c.text for c in answer.chunks if c.n is not None)))
+    asked = set(tokenize(answer.question))
     return {
         "best_score": top[0] if top else NO_SCORE,
         "second_score": top[1] if len(top) > 1 else NO_SCORE,
@@ -77,6 +86,9 @@ def signals(answer: Answer, events: Sequence[NodeEvent]) -> dict[str, float]:
         "short_words": math.log1p(len(answer.short_answer.split())) if not answer.abstained else 0.0,
         # How much of the short answer is the passages' words (a yes or no has none to share).
         "short_overlap": len(short & context_words) / len(short) if short else 0.0,
+        # An answer that repeats the question's words says little.
+        "short_in_question": len(short & asked) / len(short) if short else 0.0,
+        "hedged": float(not answer.abstained and bool(_HEDGE.search(f"{answer.short_answer} {answer.text}"))),
         "yes_no": float(t == "yes_no"),
         "span": float(t == "span"),
         "free_form": float(t == "free_form"),
