@@ -488,6 +488,13 @@ def test_the_split_note_says_what_was_fit_where_and_warns_about_overlap() -> Non
     assert "not held out" in old["warning"] and "arag train reranker --force" in old["warning"]
     # Reporting on the held-out train papers the reranker was calibrated on: the same.
     assert "warning" in answers_cli.split_note(train, True, s, "trained:m", None, held)
+    # The abstention rule, fit on the held-out train papers' answers: named; and a warning when
+    # those are the questions reported on.
+    rule = f"{held} (fit.jsonl)"
+    ruled = answers_cli.split_note(val, False, s, "trained:m", None, held, rule)
+    assert "warning" not in ruled and f"the abstention rule: fit on {rule}" in ruled["fit_on"]
+    on_fit = answers_cli.split_note(train, True, s, "none", None, None, rule)
+    assert "abstention rule was fit on these questions" in on_fit["warning"]
     # No trained reranker: nothing of QASPER was fit.
     bare = answers_cli.split_note(val, False, s, "none", None)
     assert "warning" not in bare and len(bare["fit_on"]) == 1

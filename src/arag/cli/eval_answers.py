@@ -108,14 +108,27 @@ def split_note(
     if abstention is not None:
         fit_on.append(f"the abstention rule: fit on {abstention}")
     note: dict[str, Any] = {"reported_on": reported, "fit_on": fit_on}
-    # A reranker calibrated on the very questions reported on flatters them: say so.
-    if calibrated_on is not None and (
-        calibrated_on == qpath.name or (held_out and calibrated_on.startswith(qpath.name + ":"))
-    ):
-        note["warning"] = (
+
+    # A reranker calibrated (or a rule fit) on the very questions reported on flatters them: say so.
+    def same(fit: str | None) -> bool:
+        if fit is None:
+            return False
+        split = fit.split(" (")[0]
+        return split == qpath.name or (held_out and split.startswith(qpath.name + ":"))
+
+    warnings = []
+    if same(calibrated_on):
+        warnings.append(
             f"the reranker was calibrated on these questions ({calibrated_on}): the figures are not "
             "held out; retrain it with `arag train reranker --force` (calibrated on held-out train papers)"
         )
+    if same(abstention):
+        warnings.append(
+            f"the abstention rule was fit on these questions ({abstention}): the figures are not held "
+            "out; set ARAG_ABSTENTION__PROVIDER=none to report without it"
+        )
+    if warnings:
+        note["warning"] = "; ".join(warnings)
     return note
 
 

@@ -37,7 +37,7 @@ def train_abstention_cmd(
     """Fit when to decline an answer (one logistic decision over its signals, the threshold that
     maximises the official Answer-F1, cross-validated) and store it; a rule that gains under one
     right answer's worth is stored off. Validation is never fit on."""
-    from arag.corpus.qasper_questions import HELD_OUT_NAME, default_questions_path
+    from arag.corpus.qasper_questions import HELD_OUT_NAME, default_questions_path, held_out_paper
     from arag.eval.answers import load_answer_questions
     from arag.models.abstention import save_rule
     from arag.train.abstention_fit import fit_rule, load_cases
@@ -46,7 +46,11 @@ def train_abstention_cmd(
     qpath = questions or default_questions_path("train")
     qs, _ = load_answer_questions(qpath)
     cases = load_cases(traces, qs)
-    rule = fit_rule(cases, fit_on=f"{qpath.name}: {HELD_OUT_NAME} ({traces.name})")
+    paper = {q.question_id: q.paper_id for q in qs}
+    # Named as the split it is: the held-out train papers only when every traced question is of one.
+    held = all(held_out_paper(paper[c.question_id]) for c in cases)
+    split = f"{qpath.name}: {HELD_OUT_NAME}" if held else qpath.name
+    rule = fit_rule(cases, fit_on=f"{split} ({traces.name})")
     save_rule(settings.abstention_path, rule)
     f = rule.fit
     table = Table(
