@@ -15,6 +15,7 @@ import pytest
 
 from arag.agent import build_agent
 from arag.agent.abstention import uses_abstention
+from arag.corpus.qasper_questions import held_out_paper
 from arag.errors import InputError, ModelError
 from arag.eval.answers import AnswerQuestion
 from arag.library.manage import load_resolver, open_for_search
@@ -280,7 +281,7 @@ def test_shares_count_abstentions_as_declined() -> None:
 # --- traces -----------------------------------------------------------------------------------------
 
 
-def _question(qid: str, unanswerable: bool) -> AnswerQuestion:
+def _question(qid: str, unanswerable: bool, paper_id: str = "1601.00901") -> AnswerQuestion:
     annotation = {
         "unanswerable": unanswerable,
         "yes_no": None,
@@ -290,7 +291,7 @@ def _question(qid: str, unanswerable: bool) -> AnswerQuestion:
     }
     return AnswerQuestion(
         question_id=qid,
-        paper_id="1601.00901",
+        paper_id=paper_id,
         paper_title="T",
         question="What encoder?",
         evidence=[] if unanswerable else ["We use a BiLSTM."],
@@ -389,7 +390,8 @@ def test_train_abstention_on_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     from arag.cli.main import app
 
-    qs = [_question(f"q{i}", i % 4 == 0) for i in range(60)]
+    held = next(p for p in (f"2001.{i:05d}" for i in range(100)) if held_out_paper(p))
+    qs = [_question(f"q{i}", i % 4 == 0, held) for i in range(60)]
     qfile = tmp_path / "questions_train.json"
     qfile.write_text(json.dumps([q.model_dump() for q in qs]))
     rows = []
@@ -409,5 +411,13 @@ def test_train_abstention_on_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyP
     rule = load_rule(tmp_path / "data" / "models" / "abstention.json")
     assert rule.active and rule.fit["after_cv"]["declined_unanswerable"] == 1.0
     assert rule.fit["fit_on"].startswith("questions_train.json: held-out train papers")
+    # Traces of other papers' questions are not named as the held-out split.
+    qfile.write_text(
+        json.dumps([_question(q.question_id, q.kind == "unanswerable").model_dump() for q in qs])
+    )
+    r = CliRunner().invoke(app, ["train", "abstention", "--traces", str(traces), "--questions", str(qfile)])
+    assert r.exit_code == 0, r.output
+    fit_on = load_rule(tmp_path / "data" / "models" / "abstention.json").fit["fit_on"]
+    assert fit_on == "questions_train.json (fit.jsonl)"
     r = CliRunner().invoke(app, ["train", "abstention", "--traces", str(tmp_path / "no.jsonl")])
     assert r.exit_code != 0 and "no traces file" in r.output
