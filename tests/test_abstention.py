@@ -124,6 +124,11 @@ def test_signals_of_an_empty_abstention() -> None:
     assert s["short_words"] == 0.0 and s["short_overlap"] == 0.0 and s["coverage"] == 0.0
 
 
+def declines(rule: AbstentionRule, values: dict[str, float]) -> bool:
+    """What the agent's step decides (arag.agent.abstention): decline at p >= the threshold."""
+    return rule.p_decline(values) >= rule.threshold
+
+
 # --- the rule ---------------------------------------------------------------------------------------
 
 
@@ -139,9 +144,9 @@ def test_rule_probability_and_decision() -> None:
     r = _rule()
     assert r.p_decline({"best_score": 0.0}) == pytest.approx(0.5)
     assert r.p_decline({"best_score": 1.0}) == pytest.approx(1 / (1 + math.exp(2)))
-    assert r.declines({"best_score": -1.0}) and not r.declines({"best_score": 1.0})
+    assert declines(r, {"best_score": -1.0}) and not declines(r, {"best_score": 1.0})
     off = _rule(threshold=math.inf)
-    assert not off.active and not off.declines({"best_score": -100.0})
+    assert not off.active and not declines(off, {"best_score": -100.0})
 
 
 def test_rule_file_round_trip_keeps_an_off_rule_off(tmp_path: Path) -> None:
@@ -253,7 +258,7 @@ def test_fit_turns_the_rule_on_when_a_signal_separates() -> None:
     assert f["before"]["declined_unanswerable"] == 0.0
     # The fitted rule itself declines low-scoring answers and gives high-scoring ones.
     low = {"best_score": -2.0, "coverage": 0.5}
-    assert rule.declines(low) and not rule.declines({"best_score": 1.0, "coverage": 0.5})
+    assert declines(rule, low) and not declines(rule, {"best_score": 1.0, "coverage": 0.5})
     assert f["weights"]["best_score"] < 0 and f["fit_on"].startswith("questions_train.json")
 
 

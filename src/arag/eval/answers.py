@@ -334,6 +334,30 @@ class TraceRow(BaseModel):
     signals: dict[str, float] = Field(default_factory=dict)
 
 
+def traced_answers(
+    traces: Path, questions: Sequence[AnswerQuestion], *, config: str = "full"
+) -> list[tuple[int, TraceRow, AnswerQuestion]]:
+    """The one-paper answers of ``config`` in an ``arag eval answers --traces`` file that answer a
+    question of ``questions`` (without an error), with their line numbers; an InputError when none
+    does. The caller checks that the file exists (its error names its own command)."""
+    by_id = {q.question_id: q for q in questions}
+    out: list[tuple[int, TraceRow, AnswerQuestion]] = []
+    for i, line in enumerate(traces.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = TraceRow.model_validate_json(line)
+        q = by_id.get(row.question_id)
+        if row.config == config and q is not None and row.route == "research" and not row.error:
+            out.append((i, row, q))
+    if not out:
+        raise InputError(
+            f"the traces hold no one-paper answer of configuration {config!r} to a question of the file",
+            where=str(traces),
+            fix="pass the traces and the questions file of the same `arag eval answers` run",
+        )
+    return out
+
+
 def score_answer(
     config: str,
     q: AnswerQuestion,

@@ -119,9 +119,6 @@ class AbstentionRule(BaseModel):
             z += w * (float(values.get(name, 0.0)) - m) / s
         return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
 
-    def declines(self, values: Mapping[str, float]) -> bool:
-        return self.active and self.p_decline(values) >= self.threshold
-
 
 def save_rule(path: Path, rule: AbstentionRule) -> None:
     """Write the rule atomically (a crash leaves the old one)."""

@@ -11,7 +11,6 @@ so that a question never helps choose its own decision. Pure functions but for :
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from arag.errors import InputError
-from arag.eval.answers import AnswerQuestion, TraceRow
+from arag.eval.answers import AnswerQuestion, traced_answers
 from arag.eval.qasper_metrics import UNANSWERABLE, references_for_question, score_references
 from arag.models.abstention import FEATURES, AbstentionRule
 
@@ -211,15 +210,8 @@ def load_cases(traces: Path, questions: Sequence[AnswerQuestion], *, config: str
             fix="write one with `arag eval answers --questions <train file> --held-out --configs full "
             "--traces FILE` (with ARAG_ABSTENTION__PROVIDER=none)",
         )
-    by_id = {q.question_id: q for q in questions}
     cases: list[Case] = []
-    for i, line in enumerate(traces.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        row = TraceRow.model_validate(json.loads(line))
-        q = by_id.get(row.question_id)
-        if row.config != config or q is None or row.route != "research" or row.error:
-            continue
+    for i, row, q in traced_answers(traces, questions, config=config):
         if any(d.get("node") == "abstention" for d in row.decisions):
             raise InputError(
                 f"line {i} of the traces was answered with an abstention rule in use",
@@ -242,11 +234,5 @@ def load_cases(traces: Path, questions: Sequence[AnswerQuestion], *, config: str
                 decline_f1=score_references(UNANSWERABLE, [], refs).answer_f1,
                 x=None if row.abstained else tuple(float(row.signals.get(f, 0.0)) for f in FEATURES),
             )
-        )
-    if not cases:
-        raise InputError(
-            f"the traces hold no one-paper answer of configuration {config!r} to a question of the file",
-            where=str(traces),
-            fix="pass the traces and the questions file of the same `arag eval answers` run",
         )
     return cases

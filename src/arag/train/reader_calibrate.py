@@ -9,7 +9,6 @@ for :func:`load_cases`."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -22,7 +21,7 @@ from arag.agent.answer_type import strip_lead
 from arag.agent.specialists import Summary, Thresholds, decide, summarize
 from arag.corpus.qasper_questions import library_query
 from arag.errors import InputError
-from arag.eval.answers import AnswerQuestion, TraceRow
+from arag.eval.answers import AnswerQuestion, traced_answers
 from arag.eval.qasper_metrics import UNANSWERABLE, Reference, references_for_question, score_references
 from arag.index.store import Store
 from arag.models.reader import Reader
@@ -132,15 +131,8 @@ def load_cases(
             where="arag train answers --calibrate",
             fix="write one with `arag eval answers --questions <train file> --held-out --traces FILE`",
         )
-    by_id = {q.question_id: q for q in questions}
     cases: list[Case] = []
-    for line in traces.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        row = TraceRow.model_validate(json.loads(line))
-        q = by_id.get(row.question_id)
-        if row.config != config or q is None or row.route != "research" or row.error:
-            continue
+    for _, row, q in traced_answers(traces, questions, config=config):
         kept = sorted((k for k in row.kept if k.n is not None), key=lambda k: k.n or 0)
         chunks = {c.id: c for c in store.get_chunks([k.chunk_id for k in kept])}
         found = [k for k in kept if k.chunk_id in chunks]
@@ -157,11 +149,5 @@ def load_cases(
                 summary=summarize(readings, [k.score for k in found]),
                 refs=tuple(refs),
             )
-        )
-    if not cases:
-        raise InputError(
-            f"the traces hold no one-paper answer of configuration {config!r} to a question of the file",
-            where=str(traces),
-            fix="pass the traces and the questions file of the same `arag eval answers` run",
         )
     return cases
