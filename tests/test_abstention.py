@@ -118,6 +118,60 @@ def test_signals_see_a_hedged_answer_and_one_that_repeats_the_question() -> None
     assert signals(a.model_copy(update={"text": "A BiLSTM [1]."}), [])["hedged"] == 0.0
 
 
+def test_signals_read_the_llms_own_probability_of_not_answering() -> None:
+    a = _answer(short_answer="BiLSTM", answer_type="span")
+    synth = NodeEvent(
+        node="synthesizer",
+        ms=1,
+        decision="",
+        counts={"llm_p_abstain": 0.2, "llm_top_p": 0.7, "llm_entropy": 1.5},
+    )
+    s = signals(a, [synth])
+    assert s["llm_scored"] == 1.0 and s["llm_abstain_logit"] == pytest.approx(math.log(0.2 / 0.8))
+    assert (s["llm_top_p"], s["llm_entropy"]) == (0.7, 1.5)
+    # Certainty is clipped (log-odds of 1e-4), and a backend that cannot tell leaves the signal out.
+    sure = synth.model_copy(update={"counts": {"llm_p_abstain": 0.0}})
+    assert signals(a, [sure])["llm_abstain_logit"] == pytest.approx(math.log(1e-4 / (1 - 1e-4)))
+    blind = signals(a, [synth.model_copy(update={"counts": {"passages": 3}})])
+    assert (blind["llm_scored"], blind["llm_abstain_logit"], blind["llm_top_p"]) == (0.0, 0.0, 0.0)
+
+
+def test_the_synthesizer_scores_the_short_answers_first_token(lib: Settings) -> None:
+    from arag.llm.base import NextToken
+    from arag.llm.scripted import ScriptedLLM
+
+    store, embedder = open_for_search(lib)
+    try:
+        hybrid = HybridRetriever(store, embedder, lib.retrieval, load_resolver(lib))
+        retriever = make_reranking_retriever(lib, store, hybrid, IdentityReranker())
+        title = "Learning to Compose Neural Networks for Question Answering"
+        question = f"In the paper '{title}': what do the modules compute?"
+        asked: list[tuple[str, ...]] = []
+
+        def score(messages: object) -> NextToken:
+            asked.append(("scored",))
+            return NextToken(
+                probs={" not": 0.25, " Not": 0.05, " None": 0.0}, top=[(" attention", 0.6)], entropy=1.1
+            )
+
+        def reply(messages: object) -> str:
+            return "Short answer: attention maps\nExplanation: The modules compute attention [1]."
+
+        llm = ScriptedLLM(default=reply, next_tokens=score)
+        answer = build_agent(lib, retriever, llm, abstention=None).run(question)
+        synth = next(e for e in answer.events if e.node == "synthesizer")
+        assert synth.counts["llm_p_abstain"] == pytest.approx(0.30) and synth.counts["llm_top_p"] == 0.6
+        assert asked == [("scored",)]
+        assert signals(answer, answer.events)["llm_scored"] == 1.0
+        # Turned off (or a hosted API, which cannot tell): no call, no counts.
+        off = lib.model_copy(update={"agent": lib.agent.model_copy(update={"answer_confidence": False})})
+        quiet = build_agent(off, retriever, ScriptedLLM(default=reply, next_tokens=score), abstention=None)
+        counts = next(e for e in quiet.run(question).events if e.node == "synthesizer").counts
+        assert "llm_p_abstain" not in counts and asked == [("scored",)]
+    finally:
+        store.close()
+
+
 def test_signals_of_an_empty_abstention() -> None:
     s = signals(_answer(short_answer="not in the library", abstained=True, mode="abstain"), [])
     assert s["best_score"] == NO_SCORE and s["mean_top3"] == NO_SCORE

@@ -759,3 +759,40 @@ def test_real_05b_runs_on_every_build_this_cpu_has(tmp_path: Path) -> None:
         assert ("AVX512 = 1" in c.result.build) == (c.build_name == "avx512")
     if len(builds) > 1:
         assert choose_build("auto", root, flags).name == builds[-1].name
+
+
+@pytest.mark.real_models
+def test_real_05b_next_token_agrees_with_its_greedy_reply() -> None:
+    # The scorer reads llama.cpp's last-token logits after the reply's start (the process keeps no
+    # logits of other tokens): its best token must be the one greedy generation wrote there.
+    pytest.importorskip("llama_cpp")
+    settings = Settings(
+        llm=LLMSettings(model="qwen2.5-coder-0.5b", context_tokens=1024, threads=2, cache=False)
+    )
+    llm = get_llm(settings)
+    assert isinstance(llm, LocalLLM)
+    try:
+        msgs = [ChatMessage(role="user", content="Name the capital of France in one word.")]
+        reply = llm.complete(msgs, max_tokens=12).text
+        assert "Paris" in reply, reply
+        scored = llm.next_token(msgs, "", ["Paris", "London", "Zzyzx"])
+        assert scored is not None
+        top_token, top_p = scored.top[0]
+        # Greedy decoding wrote the most likely token first.
+        assert reply.startswith(top_token), (reply, scored.top)
+        assert scored.probs["Paris"] == pytest.approx(top_p) and top_p > 0.5
+        assert scored.probs["London"] < 0.05 and 0 <= scored.probs["Zzyzx"] < 0.01
+        probs = [p for _, p in scored.top]
+        assert probs == sorted(probs, reverse=True) and sum(probs) <= 1.0 + 1e-6
+        assert scored.entropy >= 0
+        # After a reply's start, the token greedy decoding wrote next.
+        after = llm.next_token(msgs, top_token, [])
+        assert after is not None and reply[len(top_token) :].startswith(after.top[0][0]), (reply, after.top)
+        # The same prompt scores nearly the same after another request has used the KV cache: a
+        # prompt decoded in other batches rounds differently in the quantised kernels (0.007 here).
+        llm.complete([ChatMessage(role="user", content="Say hi.")], max_tokens=4)
+        again = llm.next_token(msgs, "", ["Paris"])
+        assert again is not None and again.probs["Paris"] == pytest.approx(scored.probs["Paris"], abs=0.03)
+        assert again.top[0][0] == top_token
+    finally:
+        llm.close()

@@ -116,3 +116,26 @@ def test_the_agent_marks_steps_answered_from_the_cache(tmp_path: Path) -> None:
     synth = next(e for e in second.events if e.node == "synthesizer")
     assert synth.counts["llm_cached"] == 1
     assert "llm_cached" not in next(e for e in first.events if e.node == "synthesizer").counts
+
+
+def test_next_token_scores_are_cached_beside_the_replies(tmp_path: Path) -> None:
+    from arag.llm.base import NextToken, next_token
+
+    calls: list[int] = []
+
+    def score(messages: object) -> NextToken:
+        calls.append(1)
+        return NextToken(probs={" not": 0.25}, top=[(" yes", 0.5), (" not", 0.25)], entropy=1.2)
+
+    llm = cached(tmp_path, ScriptedLLM([], next_tokens=score))
+    first = next_token(llm, MSGS, "Short answer:", [" not"])
+    before = cache_hits()
+    again = next_token(llm, MSGS, "Short answer:", [" not"])
+    assert first == again and again is not None and again.probs == {" not": 0.25}
+    assert len(calls) == 1 and cache_hits() == before + 1
+    # Another prefix is another key; a backend that cannot tell stores nothing and says None.
+    next_token(llm, MSGS, "Answer:", [" not"])
+    assert len(calls) == 2
+    blind = cached(tmp_path / "b", ScriptedLLM([]))
+    assert next_token(blind, MSGS, "Short answer:", [" not"]) is None
+    assert next_token(object(), MSGS, "x", []) is None

@@ -303,6 +303,10 @@ class AgentSettings(BaseModel):
     # When the LLM says "not in the library" but the grader found the context sufficient, answer
     # extractively instead (a small model's false abstentions cost as much as retrieval misses).
     override_false_abstain: bool = True
+    # After an LLM answer, the model's probability of starting its short answer with "not" (in the
+    # library), scored from its KV cache in a few ms: a signal for calibrated abstention. Local
+    # models only (a hosted API has no such call; the signal is then absent).
+    answer_confidence: bool = True
     closest_papers: int = 3
     concurrent: bool = True
     # An open question (it names no paper): at most this many papers in its literature answer, and an

@@ -141,6 +141,10 @@ SMALL_TALK_REPLY = (
 
 ABSTAIN = "I don't have enough information in the library to answer this."
 NOT_IN_LIBRARY = "not in the library"
+# The reply's start after which the model's next token is scored (synthesizer), and the first words
+# by which a short answer says the passages do not hold it.
+SHORT_ANSWER_PREFIX = "Short answer:"
+ABSTAIN_STARTS = (" not", " Not", " None")
 
 # `arag chat`: a follow-up rewritten into a question that stands alone (chat.py builds the user turn).
 REWRITE_SYSTEM = (

@@ -31,7 +31,7 @@ from arag.agent.terms import (
     strip_placeholders,
 )
 from arag.errors import AragError, Cancelled, ModelUnavailable
-from arag.llm.base import ChatMessage
+from arag.llm.base import ChatMessage, next_token
 from arag.records import AnswerType
 from arag.text import tokenize
 
@@ -232,6 +232,32 @@ def generate(
     return "".join(pieces)
 
 
+def answer_confidence(deps: AgentDeps, user: str) -> dict[str, float]:
+    """The model's own reckoning at the start of its short answer: the probability that it begins
+    "not (in the library)", the most likely token's probability and the entropy (step counts; empty
+    when the backend cannot tell). Read by calibrated abstention (models/abstention.py)."""
+    if deps.llm is None or not deps.settings.answer_confidence:
+        return {}
+    messages = [
+        ChatMessage(role="system", content=prompts.SYNTH_SYSTEM),
+        ChatMessage(role="user", content=user),
+    ]
+    try:
+        scored = next_token(deps.llm, messages, prompts.SHORT_ANSWER_PREFIX, prompts.ABSTAIN_STARTS)
+    except (Cancelled, ModelUnavailable):
+        raise
+    except AragError as exc:
+        log.warning("could not score the short answer's first token: %s", exc)
+        return {}
+    if scored is None:
+        return {}
+    return {
+        "llm_p_abstain": min(1.0, sum(scored.probs.values())),
+        "llm_top_p": scored.top[0][1] if scored.top else 0.0,
+        "llm_entropy": scored.entropy,
+    }
+
+
 def literature_draft(deps: AgentDeps, question: str, grade: Grade, passages: list[ContextPassage]) -> Draft:
     """An open question's draft: each addressing paper's point, grouped, and (with an LLM) an overview
     of the points, cited by their numbers. The LLM failing costs only the overview."""
@@ -309,6 +335,7 @@ def make_synthesizer(deps: AgentDeps):
                 draft = draft.model_copy(update={"notes": [f"LLM failed ({exc.what}); extractive answer"]})
                 how = "extractive (LLM failed)"
             else:
+                counts.update(answer_confidence(deps, user))
                 draft = check_llm_draft(
                     raw,
                     question,

@@ -31,6 +31,17 @@ class Completion(BaseModel):
     cached: bool = False
 
 
+class NextToken(BaseModel):
+    """What a model would write next after a prompt and the start of its reply (``next_token``)."""
+
+    # The probability of each asked-for continuation's first token.
+    probs: dict[str, float]
+    # The most likely next tokens and their probabilities, best first.
+    top: list[tuple[str, float]] = []
+    # The next token's entropy, in nats.
+    entropy: float = 0.0
+
+
 @runtime_checkable
 class LLM(Protocol):
     """A chat model. Temperature 0 and a fixed seed where the backend allows, so runs repeat."""
@@ -64,3 +75,16 @@ class LLM(Protocol):
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` in the model's own tokenizer (for context budgets)."""
         ...
+
+
+def next_token(
+    llm: object, messages: Sequence[ChatMessage], reply_prefix: str, continuations: Sequence[str]
+) -> NextToken | None:
+    """The next-token probabilities after ``messages`` and ``reply_prefix``, from a backend that can
+    tell (arag's local model processes, the scripted fake); None from one that cannot (a hosted API).
+    Optional, so a backend without it still implements :class:`LLM`."""
+    fn = getattr(llm, "next_token", None)
+    if fn is None:
+        return None
+    out = fn(messages, reply_prefix, continuations)
+    return out if isinstance(out, NextToken) else None

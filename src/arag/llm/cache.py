@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from arag.llm.base import LLM, ChatMessage, Completion
+from arag.llm.base import LLM, ChatMessage, Completion, NextToken, next_token
 
 _local = threading.local()
 # A change in what is stored, or in how keys are made, starts a new cache.
@@ -126,6 +126,25 @@ class CachedLLM:
         self._put(
             key, Completion(text="".join(pieces), seconds=time.perf_counter() - t0, finish_reason="stop")
         )
+
+    def next_token(
+        self, messages: Sequence[ChatMessage], reply_prefix: str, continuations: Sequence[str]
+    ) -> NextToken | None:
+        # Stored beside the replies (its own key), so a cached answer keeps its scores as well.
+        key = self.key(messages, next_token={"prefix": reply_prefix, "continuations": list(continuations)})
+        with self._lock:
+            row = self._db.execute("SELECT completion FROM replies WHERE key = ?", (key,)).fetchone()
+        if row is not None:
+            _count_hit()
+            return NextToken.model_validate_json(row[0])
+        out = next_token(self.inner, messages, reply_prefix, continuations)
+        if out is not None:
+            with self._lock:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO replies (key, completion, created) VALUES (?, ?, ?)",
+                    (key, out.model_dump_json(), time.time()),
+                )
+        return out
 
     def count_tokens(self, text: str) -> int:
         return self.inner.count_tokens(text)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from arag.errors import AragError, ModelError, ModelUnavailable, NetworkError
-from arag.llm.base import ChatMessage, Completion
+from arag.llm.base import ChatMessage, Completion, NextToken
 from arag.llm.builds import Build
 from arag.llm.openai_chat import OpenAICompatLLM
 from arag.llm.process import ModelProcess, ProcessInfo
@@ -194,6 +194,26 @@ class LocalLLM:
                 pieces.close()
         finally:
             self._free.put(index)
+
+    def next_token(
+        self, messages: Sequence[ChatMessage], reply_prefix: str, continuations: Sequence[str]
+    ) -> NextToken | None:
+        """The model's next-token probabilities after ``messages`` and the start of a reply (the
+        process's ``/arag/next-token``; its KV cache makes this cheap right after a generation).
+        None when the process cannot score this prompt (no chat template, over the context)."""
+        body = {
+            "messages": [m.model_dump() for m in messages],
+            "reply_prefix": reply_prefix,
+            "continuations": list(continuations),
+        }
+        try:
+            data = self._call(lambda c: c.post_json("/arag/next-token", body))
+        except ModelUnavailable:
+            raise
+        except ModelError as exc:
+            log.warning("the model process could not score the next token: %s", exc)
+            return None
+        return NextToken.model_validate(data)
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` in the model's own tokenizer."""

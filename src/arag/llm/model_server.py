@@ -18,6 +18,9 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -47,6 +50,37 @@ def build_flags(llama_cpp: object) -> str:
     """llama.cpp's own line of what the build uses (``AVX2 = 1 | AMX_INT8 = 0 | ...``)."""
     info = llama_cpp.llama_print_system_info()  # type: ignore[attr-defined]
     return (info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)).strip()
+
+
+class NextTokenRequest(BaseModel):
+    """The body of ``POST /arag/next-token`` (module level: FastAPI resolves it by name)."""
+
+    messages: list[dict[str, str]]
+    reply_prefix: str = ""
+    continuations: list[str] = []
+    top: int = 5
+
+
+def _add_next_token_route(app: Any) -> None:
+    """``POST /arag/next-token`` (llm/next_token.py), under the same lock as the chat endpoint, so a
+    scoring request never runs inside a generation."""
+    from fastapi import Depends, HTTPException
+    from llama_cpp.server.app import get_llama_proxy
+    from starlette.concurrency import run_in_threadpool
+
+    from arag.llm.next_token import next_token
+
+    proxy_dependency = Depends(get_llama_proxy)
+
+    @app.post("/arag/next-token")
+    async def arag_next_token(body: NextTokenRequest, proxy: Any = proxy_dependency) -> Any:
+        llama = proxy(None)
+        try:
+            return await run_in_threadpool(
+                next_token, llama, body.messages, body.reply_prefix, body.continuations, top=body.top
+            )
+        except ValueError as exc:
+            raise HTTPException(status_code=400, detail=str(exc)) from exc
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     # one request at a time per process, and a cut answer would be a wrong one.
     server = ServerSettings(host=args.host, port=args.port, interrupt_requests=False)
     app = create_app(server_settings=server, model_settings=[model])  # loads the model now
+    _add_next_token_route(app)
 
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     uv = uvicorn.Server(config)

@@ -303,6 +303,34 @@ class OpenAICompatLLM:
                 if piece:
                     yield piece
 
+    def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body`` to ``path`` on the server's root, not its ``/v1`` API (an extension of a
+        server arag runs itself, such as a model process's ``/arag/next-token``); one attempt."""
+        root = self.url.removesuffix("/chat/completions").removesuffix("/v1")
+        try:
+            resp = self._client.post(root + path, json=body)
+        except httpx.TransportError as exc:
+            raise NetworkError(
+                f"the LLM server could not be reached: {type(exc).__name__}: {exc}",
+                where=root + path,
+                fix="check that the server runs",
+            ) from exc
+        if not resp.is_success:
+            raise ModelError(
+                f"the LLM server answered {resp.status_code}: {_error_message(resp)}",
+                where=root + path,
+                fix="check that the server is arag's own model process",
+            )
+        try:
+            data = resp.json()
+        except ValueError as exc:
+            raise ModelError(
+                f"{root + path} answered with no JSON: {resp.text[:200]!r}", where=root + path
+            ) from exc
+        if not isinstance(data, dict):
+            raise ModelError(f"{root + path} answered {data!r}, not a JSON object", where=root + path)
+        return data
+
     def count_tokens(self, text: str) -> int:
         """An estimate, about four characters a token (see :func:`estimate_tokens`)."""
         return estimate_tokens(text)

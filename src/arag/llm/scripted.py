@@ -5,15 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from arag.llm.base import ChatMessage, Completion
+from arag.llm.base import ChatMessage, Completion, NextToken
 
 Reply = str | Callable[[Sequence[ChatMessage]], str]
+# A scripted next-token answer: fixed, or a function of the messages (None: "cannot tell").
+NextTokens = NextToken | Callable[[Sequence[ChatMessage]], NextToken | None] | None
 
 
 class ScriptedLLM:
     """Replies in order from ``replies`` (a string, or a function of the messages); when the script
     runs out, ``default`` answers (a function of the messages, or a fixed string). Records every
-    prompt in ``calls`` so tests can check what each node asked."""
+    prompt in ``calls`` so tests can check what each node asked. ``next_tokens`` answers
+    :meth:`next_token` (by default it cannot tell, as a hosted API)."""
 
     def __init__(
         self,
@@ -22,12 +25,14 @@ class ScriptedLLM:
         default: Reply | None = None,
         name: str = "scripted",
         context_tokens: int = 4096,
+        next_tokens: NextTokens = None,
     ) -> None:
         self.name = name
         self.context_tokens = context_tokens
         self._replies = list(replies)
         self._default = default
         self.calls: list[list[ChatMessage]] = []
+        self._next_tokens = next_tokens
 
     def _next(self, messages: Sequence[ChatMessage]) -> str:
         self.calls.append(list(messages))
@@ -65,6 +70,12 @@ class ScriptedLLM:
         text = self._next(messages)
         for i in range(0, len(text), 8):
             yield text[i : i + 8]
+
+    def next_token(
+        self, messages: Sequence[ChatMessage], reply_prefix: str, continuations: Sequence[str]
+    ) -> NextToken | None:
+        script = self._next_tokens
+        return script(messages) if callable(script) else script
 
     def count_tokens(self, text: str) -> int:
         # About four characters a token, like the real tokenizers on English.

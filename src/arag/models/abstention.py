@@ -1,6 +1,7 @@
-"""The calibrated abstention model: after the verifier (and the specialists), one decision from the answer's
-signals (the kept passages' rerank scores, the grader's key-term coverage, the retry, the claims'
-support, the answer's type and length) whether to give the answer or decline it.
+"""The calibrated abstention model: after the verifier (and the specialists), one decision from the
+answer's signals (the kept passages' rerank scores, the grader's key-term coverage, the retry, the
+claims' support, the answer's type and length, the LLM's own probability of saying "not in the
+library") whether to give the answer or decline it.
 
 The decision is a logistic model over :data:`FEATURES` and a threshold, both fit by ``arag train
 abstention`` on the agent's own answers to QASPER train questions held out of every training
@@ -46,6 +47,10 @@ FEATURES: tuple[str, ...] = (
     "yes_no",
     "span",
     "free_form",
+    "llm_scored",
+    "llm_abstain_logit",
+    "llm_top_p",
+    "llm_entropy",
 )
 # The score of a passage that is not there (no context at all): below any bar a reranker sets.
 NO_SCORE = -10.0
@@ -65,6 +70,11 @@ def signals(answer: Answer, events: Sequence[NodeEvent]) -> dict[str, float]:
     scores = context or sorted((c.score for c in answer.chunks), reverse=True)
     top = scores[:3]
     grader = next((e.counts for e in reversed(events) if e.node == "grader"), {})
+    synth = next((e.counts for e in reversed(events) if e.node == "synthesizer"), {})
+    # The model's own probability of starting its short answer "not (in the library)", as log-odds
+    # (absent for a backend that cannot tell, or an answer not written by the LLM).
+    scored = "llm_p_abstain" in synth
+    p_not = min(max(float(synth.get("llm_p_abstain", 0.0)), 1e-4), 1 - 1e-4)
     support = [c.support for c in answer.citations if c.support is not None]
     t = answer.answer_type
     short = set(tokenize(answer.short_answer)) if not answer.abstained else set()
@@ -92,6 +102,10 @@ def signals(answer: Answer, events: Sequence[NodeEvent]) -> dict[str, float]:
         "yes_no": float(t == "yes_no"),
         "span": float(t == "span"),
         "free_form": float(t == "free_form"),
+        "llm_scored": float(scored),
+        "llm_abstain_logit": math.log(p_not / (1 - p_not)) if scored else 0.0,
+        "llm_top_p": float(synth.get("llm_top_p", 0.0)),
+        "llm_entropy": float(synth.get("llm_entropy", 0.0)),
     }
 
 
