@@ -152,6 +152,16 @@ def test_a_build_that_outruns_its_kills_starts_over_then_fails(
     assert report.chunk_ids_equal and (tmp_path / "crashed").is_dir()
 
 
+def test_a_kill_that_was_outrun_is_aimed_earlier_each_time() -> None:
+    """A warm re-run can outrun the cold reference's timeline every time (CI once landed 1 of 2
+    kills in 6 attempts): each miss moves the aim 40% of the way back towards the end of start-up."""
+    from arag.stress.crash import _earlier
+
+    assert _earlier(10.0, 2.0, 0) == 10.0
+    assert [round(_earlier(10.0, 2.0, n), 4) for n in (1, 2, 3)] == [6.8, 4.88, 3.728]
+    assert _earlier(2.0, 2.0, 5) == 2.0
+
+
 def test_the_rebuild_check_fails_on_a_missing_paper_or_pdf(tmp_path: Path, shared_dir: Path) -> None:
     """What the rebuild case checks after each kill can fail: a lost paper, a lost PDF paper."""
     from arag.library.manage import add_pdfs
