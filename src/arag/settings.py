@@ -94,6 +94,10 @@ class EmbeddingSettings(BaseModel):
     # README's *Figures*); weights: the packaged file as it is, dequantised to fp32 at load (the
     # model libraries built before dynamic existed were made with; they keep working with it).
     int8: Literal["dynamic", "weights"] = "dynamic"
+    # onnx-minilm only: the folder of a model `arag train embedder` fine-tuned on QASPER train (it
+    # writes <data dir>/models/embedder-trained); None: the packaged model. Another model is another
+    # library: one built with the packaged model is refused under it (`arag library build --rebuild`).
+    path: Path | None = None
     base_url: str | None = None
     api_key: SecretStr | None = None
     timeout_s: float = 60.0
@@ -526,6 +530,11 @@ class Settings(BaseSettings):
     def embedder_dir(self) -> Path:
         """Where an embedding model derived from a packaged one is kept (the dynamic int8 MiniLM)."""
         return self.data_dir / "models" / "embedder"
+
+    @property
+    def trained_embedder_dir(self) -> Path:
+        """Where `arag train embedder` installs its model (used only when ARAG_EMBEDDING__PATH names it)."""
+        return self.embedding.path or self.data_dir / "models" / "embedder-trained"
 
     @property
     def reranker_dir(self) -> Path:

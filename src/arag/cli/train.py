@@ -13,6 +13,7 @@ from rich.table import Table
 from arag.cli.common import build_progress, console, handle_errors, load_settings
 from arag.cli.train_abstention import register as register_abstention
 from arag.cli.train_answers import register as register_answers
+from arag.cli.train_embedder import register as register_embedder
 from arag.models.reranker import ModelCard
 
 if TYPE_CHECKING:
@@ -318,3 +319,4 @@ def _report_support(card: ModelCard, target: Path) -> None:
 
 register_answers(train_app)
 register_abstention(train_app)
+register_embedder(train_app)

@@ -8,11 +8,14 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from arag.errors import ModelError
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 MODEL_FILE = "model.onnx"
 CARD_FILE = "card.json"
@@ -56,8 +59,6 @@ def open_session(model: Path, threads: int, *, sha256: str | None, what: str, re
     being trained, not installed yet)."""
     import onnxruntime as ort
 
-    from arag.models.onnx_minilm import session_options
-
     if sha256 is not None and file_sha256(model) != sha256:
         raise ModelError(
             f"the {what}'s model.onnx does not match the sha256 in its model card",
@@ -74,3 +75,18 @@ def open_session(model: Path, threads: int, *, sha256: str | None, what: str, re
             where=str(model),
             fix=f"retrain with `{retrain}`",
         ) from exc
+
+
+def session_options(threads: int) -> ort.SessionOptions:
+    """ORT options for a small CPU model: ``threads`` intra-op threads, sequential, all optimisations."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Idle worker threads spin by default: on 2 cores they steal the next step's CPU (the embedder,
+    # the index, the reranker take turns within one query).
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return so

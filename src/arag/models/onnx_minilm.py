@@ -26,12 +26,14 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import BaseModel, Field
 
 from arag.errors import ConfigError, ModelError
 from arag.models.embedder import BaseEmbedder, Cache, l2_normalize, mean_pool
+from arag.models.onnx_files import open_session, read_model_card, session_options
 from arag.settings import EmbeddingSettings
 
 if TYPE_CHECKING:
@@ -48,6 +50,35 @@ DYNAMIC_RECIPE = "ort-basic-fold;quantize_dynamic;MatMul;QInt8;per_channel"
 DIM = 384
 # BERT's position table has 512 rows; the model was trained at 256.
 MAX_POSITIONS = 512
+
+# A model `arag train embedder` installed: its folder's card names its id (a library built with it is
+# another library) and its file's sha256.
+TRAINED_RETRAIN = "arag train embedder --force"
+
+
+class EmbedderCard(BaseModel):
+    """What a fine-tuned embedder is, how it was made, and how it did on its held-out questions."""
+
+    model_id: str
+    base_model: str
+    quantized: bool
+    onnx_sha256: str
+    created: str
+    seed: int
+    data: dict[str, Any] = Field(default_factory=dict)
+    training: dict[str, Any] = Field(default_factory=dict)
+    validation: dict[str, Any] = Field(default_factory=dict)
+
+
+def read_embedder_card(folder: Path) -> EmbedderCard:
+    """The card of the trained embedder in ``folder``; a ModelError naming the command when absent."""
+    missing = ModelError(
+        "no trained embedder in the folder ARAG_EMBEDDING__PATH names",
+        where=str(folder),
+        fix="train one with `arag train embedder`, or unset ARAG_EMBEDDING__PATH for the packaged model",
+    )
+    return read_model_card(folder, EmbedderCard, missing=missing, what="embedder", retrain=TRAINED_RETRAIN)
+
 
 _verified: set[tuple[str, int, float]] = set()
 _verify_lock = threading.Lock()
@@ -133,21 +164,6 @@ def count_minilm_tokens(texts: Sequence[str]) -> list[int]:
     return [len(e.ids) for e in encs]
 
 
-def session_options(threads: int) -> ort.SessionOptions:
-    """ORT options for a small CPU model: ``threads`` intra-op threads, sequential, all optimisations."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Idle worker threads spin by default: on 2 cores they steal the next step's CPU (the embedder,
-    # the index, the reranker take turns within one query).
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return so
-
-
 class OnnxMiniLMEmbedder(BaseEmbedder):
     """all-MiniLM-L6-v2 (int8 weights) on ONNX Runtime's CPU provider."""
 
@@ -158,7 +174,11 @@ class OnnxMiniLMEmbedder(BaseEmbedder):
         cache: Cache | None = None,
         model_path: Path | None = None,
         models_dir: Path | None = None,
+        model_id: str | None = None,
     ) -> None:
+        """``model_path``: an ONNX file to run as it is (batched, padded); with ``model_id``, a
+        fine-tuned int8 model, run one text at a time like the default. Without either, the
+        settings decide: the trained model in ``settings.path``, or the packaged one."""
         if not 1 <= settings.max_length <= MAX_POSITIONS:
             raise ConfigError(
                 f"embedding max_length {settings.max_length} is outside 1..{MAX_POSITIONS} for MiniLM",
@@ -173,9 +193,14 @@ class OnnxMiniLMEmbedder(BaseEmbedder):
             )
         if settings.dim != DIM:
             log.warning("ignoring embedding dim %d: %s always gives %d", settings.dim, MODEL_ID, DIM)
+        trained = settings.path is not None and model_path is None
+        if trained:
+            assert settings.path is not None
+            card = read_embedder_card(settings.path)
+            model_id, model_path = card.model_id, settings.path / "model.onnx"
         dynamic = settings.int8 == "dynamic" and model_path is None
         super().__init__(
-            model_id=DYNAMIC_MODEL_ID if dynamic else MODEL_ID,
+            model_id=model_id or (DYNAMIC_MODEL_ID if dynamic else MODEL_ID),
             dim=DIM,
             max_length=settings.max_length,
             batch_size=settings.batch_size,
@@ -183,11 +208,18 @@ class OnnxMiniLMEmbedder(BaseEmbedder):
         )
         started = time.perf_counter()
         self.model_path = model_path if model_path is not None else _packaged_model(verify=True)
-        self.per_text = dynamic
+        # A fine-tuned model is int8 with activations quantised per run, as the derived default is.
+        self.per_text = dynamic or model_id is not None
         if dynamic:
             self.model_path = dynamic_int8_model(self.model_path, _packaged_sha256(), models_dir)
         self.tokenizer = load_tokenizer(settings.max_length)
-        self.session = _open_session(self.model_path, settings.threads)
+        if trained:
+            self.session = open_session(
+                self.model_path, settings.threads, sha256=card.onnx_sha256, what="embedder",
+                retrain=TRAINED_RETRAIN,
+            )  # fmt: skip
+        else:
+            self.session = _open_session(self.model_path, settings.threads)
         self._inputs = {i.name for i in self.session.get_inputs()}
         missing = {"input_ids", "attention_mask"} - self._inputs
         if missing:
@@ -262,7 +294,7 @@ def dynamic_int8_model(source: Path, source_sha256: str, models_dir: Path | None
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=folder, prefix=".derive-") as tmp:
             work = Path(tmp)
-            _quantize_per_channel(source, work)
+            quantize_per_channel(source, work)
             os.replace(work / "int8.onnx", target)
     except OSError as exc:
         raise ModelError(
@@ -281,7 +313,7 @@ def dynamic_int8_model(source: Path, source_sha256: str, models_dir: Path | None
     return target
 
 
-def _quantize_per_channel(source: Path, work: Path) -> None:
+def quantize_per_channel(source: Path, work: Path) -> None:
     """Fold the weight-only int8 graph to fp32 (ORT's basic optimisations), then quantise its
     weight matmuls dynamically, per output channel."""
     import onnxruntime as ort
