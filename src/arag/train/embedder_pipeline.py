@@ -112,14 +112,16 @@ def dense_orders(
 ) -> tuple[list[list[int]], float]:
     """Each case's chunks ordered by cosine to its question under ``embed`` (a chunk of several
     parts is their mean vector, as the library stores it), and the median ms per text."""
-    vectors: dict[tuple[str, int], np.ndarray] = {}  # a paper's chunks are embedded once
+    # A paper's chunks are embedded once. Keyed by text: each question lists its paper's chunks in
+    # its own order.
+    vectors: dict[tuple[str, ...], np.ndarray] = {}
     times: list[float] = []
     orders = []
     for c in cases:
         q = embed([c.question])[0]
         rows = []
-        for i, parts in enumerate(c.texts):
-            key = (c.paper_id, i)
+        for parts in c.texts:
+            key = tuple(parts)
             if key not in vectors:
                 t0 = time.perf_counter()
                 vectors[key] = l2_normalize(embed(parts).mean(axis=0, keepdims=True))[0]
