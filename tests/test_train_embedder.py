@@ -136,3 +136,21 @@ def test_the_cli_declines_to_retrain_an_installed_model(
     monkeypatch.setenv("ARAG_DATA_DIR", str(lib.data_dir))
     res = CliRunner().invoke(app, ["train", "embedder"])
     assert res.exit_code == 0 and "--force retrains it" in " ".join(res.output.split())
+
+
+def test_dense_orders_embed_a_chunk_once_whatever_its_place_in_each_list() -> None:
+    """Two questions of one paper list its chunks in different orders: each chunk keeps its own vector."""
+    from arag.train.embedder_pipeline import dense_orders
+
+    axes = {"q1": 0, "a": 0, "q2": 1, "b": 1, "c": 2}
+    calls: list[str] = []
+
+    def embed(texts: list[str]) -> np.ndarray:
+        calls.extend(texts)
+        return np.eye(3, dtype=np.float32)[[axes[t] for t in texts]]
+
+    first = HeldOut(question="q1", paper_id="p", texts=[["c"], ["a"], ["b"]], hits=[set()] * 3, n_gold=1)
+    second = HeldOut(question="q2", paper_id="p", texts=[["a"], ["b"], ["c"]], hits=[set()] * 3, n_gold=1)
+    orders, _ = dense_orders([first, second], embed, lambda n: None)
+    assert orders == [[1, 0, 2], [1, 0, 2]]  # q1 is "a" (2nd in its list), q2 is "b" (2nd in its)
+    assert sorted(calls) == ["a", "b", "c", "q1", "q2"]
