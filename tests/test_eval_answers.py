@@ -502,3 +502,9 @@ def test_the_split_note_says_what_was_fit_where_and_warns_about_overlap() -> Non
         "nothing fit on QASPER" in bare["fit_on"][0]
         and "support threshold: on QASPER train" in bare["fit_on"][0]
     )
+    # A fine-tuned embedder in use: named as fit on QASPER train.
+    tuned = s.model_copy(
+        update={"embedding": s.embedding.model_copy(update={"provider": "onnx-minilm", "path": Path("/m/e")})}
+    )
+    named = answers_cli.split_note(val, False, tuned, "none", None)["fit_on"]
+    assert "embedder" not in named[0] and "the embedder (e): fine-tuned on QASPER train" in named[1]

@@ -95,6 +95,13 @@ def split_note(
     fit_on = [
         "the LLM, embedder and rules: nothing fit on QASPER; the lexical support threshold: on QASPER train"
     ]
+    emb = settings.embedding
+    if emb.provider == "onnx-minilm" and emb.path is not None:
+        fit_on[0] = "the LLM and rules: nothing fit on QASPER; the lexical support threshold: on QASPER train"
+        fit_on.append(
+            f"the embedder ({emb.path.name}): fine-tuned on QASPER train less one paper in ten "
+            "(`arag train embedder`; its model card)"
+        )
     if reranker.startswith("trained:"):
         fit_on.append(
             f"the reranker ({reranker}): trained on QASPER train, its bars and fusion weight calibrated on "
