@@ -432,6 +432,8 @@ def test_the_agent_declines_an_answer_the_rule_finds_weak_and_gives_the_others(l
         step = next(e for e in declined.events if e.node == "abstention")
         assert declined.abstained and declined.short_answer == "not in the library"
         assert declined.citations == [] and "withheld" in declined.text and step.counts["p_decline"] == 1.0
+        # The withheld short answer stays in the trace, for the paired "without the rule" figures.
+        assert step.decision.endswith(f"withheld short answer {plain.short_answer!r}")
         # A rule that never declines leaves the answer as it was.
         never = _rule(threshold=0.5, weight=0.0, bias=-1e6)
         kept = build_agent(lib, retriever, None, abstention=never).run(question)

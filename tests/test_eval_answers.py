@@ -508,3 +508,41 @@ def test_the_split_note_says_what_was_fit_where_and_warns_about_overlap() -> Non
     )
     named = answers_cli.split_note(val, False, tuned, "none", None)["fit_on"]
     assert "embedder" not in named[0] and "the embedder (e): fine-tuned on QASPER train" in named[1]
+
+
+def test_cli_scores_the_answers_a_rule_declined_without_it(
+    lib: Settings, questions_file: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from arag.models.abstention import FEATURES, AbstentionRule, save_rule
+
+    _env(monkeypatch, lib)
+    monkeypatch.setattr(answers_cli, "_make_llm", lambda settings: scripted())
+    # A rule that declines every answer it sees (bias 1e6): what it withheld is scored paired.
+    d = len(FEATURES)
+    rule = AbstentionRule(mean=[0.0] * d, scale=[1.0] * d, weights=[0.0] * d, bias=1e6, threshold=0.5)
+    save_rule(tmp_path / "rule.json", rule)
+    monkeypatch.setenv("ARAG_ABSTENTION__PROVIDER", "fitted")
+    monkeypatch.setenv("ARAG_ABSTENTION__PATH", str(tmp_path / "rule.json"))
+    args = ["eval", "answers", "--questions", str(questions_file), "--configs", "full"]
+    res = runner.invoke(
+        app, [*args, "--json", str(tmp_path / "s.json"), "--traces", str(tmp_path / "t.jsonl")]
+    )
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    declined = [r for r in rows if any(d["node"] == "abstention" and d["decision"].startswith("abstain:")
+                                       for d in r["decisions"])]  # fmt: skip
+    assert declined and all(r["abstained"] for r in declined)
+    effect = json.loads((tmp_path / "s.json").read_text())["abstention_rule_effect"]["full"]
+    assert effect["declined"] == len(declined) and effect["unknown"] == 0
+    questions = {q["question_id"]: q for q in json.loads(questions_file.read_text())}
+    without = []
+    for r in rows:
+        f1 = r["answer_f1"]
+        if r in declined:
+            withheld = next(d["decision"] for d in r["decisions"] if d["node"] == "abstention")
+            short = withheld.split("withheld short answer ", 1)[1][1:-1]
+            f1 = score_question(short, [], questions[r["question_id"]]["answers"]).answer_f1
+        without.append(f1)
+    assert effect["answer_f1_without"]["mean"] == pytest.approx(sum(without) / len(rows))
+    assert effect["answer_f1_with"]["mean"] == pytest.approx(sum(r["answer_f1"] for r in rows) / len(rows))
+    assert "the abstention rule declined" in res.output and "without it" in res.output

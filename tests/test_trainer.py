@@ -130,3 +130,16 @@ def test_a_failed_card_leaves_the_previous_model(tmp_path: Path, stand_ins: list
         )
     assert (out / CARD_FILE).read_text() == "previous"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["support"]
+
+
+def test_question_sets_that_are_empty_or_outside_the_library_are_refused_with_their_fix() -> None:
+    from arag.corpus.qasper_questions import EvalQuestion
+    from arag.errors import ModelError
+
+    q = EvalQuestion(question_id="q", paper_id="a", paper_title="T", question="What?", evidence=["x"])
+    assert trainer.in_library([q], {"a"}, "held-out") == [q]
+    with pytest.raises(ModelError, match="no held-out questions") as empty:
+        trainer.in_library([], {"a"}, "held-out", "arag train embedder")
+    assert "--val-limit" in str(empty.value) and "arag train embedder" in str(empty.value)
+    with pytest.raises(ModelError, match="arag library build"):
+        trainer.in_library([q], {"b"}, "held-out")

@@ -43,6 +43,12 @@ def make_abstention(deps: AgentDeps):
                 "mode": "abstain",
             }
         )
-        return Step({"answer": new}, f"abstain: decline p={p:.2f} >= {rule.threshold:.2f}", counts)
+        # The withheld short answer stays in the trace: `arag eval answers` scores the same answers
+        # without the rule from it (eval/rule_effect.py), a paired measure of what the rule does.
+        decision = (
+            f"abstain: decline p={p:.2f} >= {rule.threshold:.2f}; "
+            f"withheld short answer {answer.short_answer!r}"
+        )
+        return Step({"answer": new}, decision, counts)
 
     return abstention

@@ -18,6 +18,7 @@ from arag.records import Answer, SearchFilter
 
 if TYPE_CHECKING:
     from arag.eval.answers import ConfigReport
+    from arag.eval.rule_effect import RuleEffect
     from arag.llm.base import LLM
     from arag.settings import Settings
 
@@ -150,6 +151,22 @@ def print_split_note(splits: dict[str, Any]) -> None:
         console.print(f"[yellow]warning:[/] {splits['warning']}", highlight=False, soft_wrap=True)
 
 
+def print_rule_effect(config: str, effect: RuleEffect) -> None:
+    """What the abstention rule did to one configuration's answers, paired on the same answers."""
+    d = effect.difference
+    unknown = f"; {effect.unknown} withheld answers not in the trace (scored as declined)"
+    console.print(
+        f"{config}: the abstention rule declined {effect.declined} answers ({effect.declined_unanswerable} "
+        f"to unanswerable questions, {effect.declined_answerable} to answerable ones); the same answers "
+        f"without it: Answer-F1 {effect.answer_f1_without.mean:.3f} -> {effect.answer_f1_with.mean:.3f} "
+        f"with it (paired {d.mean:+.3f}, 95% CI {d.lo:+.3f} to {d.hi:+.3f}); declined (unanswerable) "
+        f"{effect.abstain_unanswerable_without:.2f} without it; answered (answerable) "
+        f"{effect.answered_answerable_without:.2f} without it" + (unknown if effect.unknown else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 def reranker_calibration(reranker: object) -> str | None:
     """The questions a trained reranker was calibrated on, from its card (None for other rerankers)."""
     from arag.models.reranker import OnnxReranker
@@ -262,6 +279,7 @@ def eval_answers(
     )
     from arag.eval.naive import NaiveRAG
     from arag.eval.retrieval import check_limit
+    from arag.eval.rule_effect import rule_effect
     from arag.library.manage import list_papers, open_retrieval
     from arag.models.abstention import get_abstention
     from arag.models.reader import get_reader
@@ -313,6 +331,7 @@ def eval_answers(
         )
     retrieval = open_retrieval(settings, llm=model)
     reports: list[ConfigReport] = []
+    effects: dict[str, RuleEffect] = {}
     if traces:
         traces.parent.mkdir(parents=True, exist_ok=True)
     out = traces.open("w", encoding="utf-8") if traces else None
@@ -395,11 +414,16 @@ def eval_answers(
                         out.flush()
                     bar.advance(1)
             reports.append(summarize(c, rows, qs, settings=described[c]))
+            effect = rule_effect(rows, qs) if rule is not None else None
+            if effect is not None:
+                effects[c] = effect
     finally:
         retrieval.close()
         if out is not None:
             out.close()
     print_reports(reports)
+    for c, effect in effects.items():
+        print_rule_effect(c, effect)
     splits = split_note(
         qpath, held_out, settings, reranker.name, readers, reranker_calibration(reranker), rule_fit
     )
@@ -420,6 +444,8 @@ def eval_answers(
             "llm_provider": settings.llm.provider,
             "skipped": skipped,
             "configs": [r.model_dump() for r in reports],
+            # Each configuration's answers scored again with what the abstention rule withheld.
+            "abstention_rule_effect": {c: e.model_dump() for c, e in effects.items()},
         }
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(summary, indent=2))

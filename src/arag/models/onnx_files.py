@@ -1,7 +1,7 @@
-"""A trained model's folder as both trained models keep it (the reranker, the answer reader):
-``model.onnx`` beside ``card.json``, the card naming the file's sha256. Reading the card, checking the
-file against it and opening an ONNX Runtime session are done here once, with errors that say how to
-retrain."""
+"""A trained model's folder as every trained model keeps it (the reranker, the answer reader, the
+fine-tuned embedder): ``model.onnx`` beside ``card.json``, the card naming the file's sha256. The
+cards' common fields, reading the card, checking the file against it and opening an ONNX Runtime
+session are here once, with errors that say how to retrain."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from arag.errors import ModelError
 
@@ -20,6 +20,21 @@ if TYPE_CHECKING:
 MODEL_FILE = "model.onnx"
 CARD_FILE = "card.json"
 C = TypeVar("C", bound=BaseModel)
+
+
+class TrainedCard(BaseModel):
+    """What every trained model's card says: which model, from what, its file's digest, and how it
+    was trained and measured (each model's card adds its own fields)."""
+
+    model_id: str
+    base_model: str
+    quantized: bool
+    onnx_sha256: str
+    created: str
+    seed: int
+    data: dict[str, Any] = Field(default_factory=dict)
+    training: dict[str, Any] = Field(default_factory=dict)
+    validation: dict[str, Any] = Field(default_factory=dict)
 
 
 def file_sha256(path: Path) -> str:

@@ -26,14 +26,13 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
-from pydantic import BaseModel, Field
 
 from arag.errors import ConfigError, ModelError
 from arag.models.embedder import BaseEmbedder, Cache, l2_normalize, mean_pool
-from arag.models.onnx_files import open_session, read_model_card, session_options
+from arag.models.onnx_files import TrainedCard, open_session, read_model_card, session_options
 from arag.settings import EmbeddingSettings
 
 if TYPE_CHECKING:
@@ -56,18 +55,8 @@ MAX_POSITIONS = 512
 TRAINED_RETRAIN = "arag train embedder --force"
 
 
-class EmbedderCard(BaseModel):
+class EmbedderCard(TrainedCard):
     """What a fine-tuned embedder is, how it was made, and how it did on its held-out questions."""
-
-    model_id: str
-    base_model: str
-    quantized: bool
-    onnx_sha256: str
-    created: str
-    seed: int
-    data: dict[str, Any] = Field(default_factory=dict)
-    training: dict[str, Any] = Field(default_factory=dict)
-    validation: dict[str, Any] = Field(default_factory=dict)
 
 
 def read_embedder_card(folder: Path) -> EmbedderCard:

@@ -15,10 +15,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from arag.errors import ModelError
-from arag.models.onnx_files import CARD_FILE, MODEL_FILE, open_session, read_model_card, replace_model_card
+from arag.models.onnx_files import (
+    CARD_FILE,
+    MODEL_FILE,
+    TrainedCard,
+    open_session,
+    read_model_card,
+    replace_model_card,
+)
 from arag.settings import Settings
 
 if TYPE_CHECKING:
@@ -39,24 +46,15 @@ FIX = (
 )
 
 
-class ReaderCard(BaseModel):
+class ReaderCard(TrainedCard):
     """What a trained reader is, how it was made, and its thresholds (fit on held-out QASPER train
     papers; the figures on validation are recorded for reading, never fit on)."""
 
-    model_id: str
-    base_model: str
     layers: int
     max_length: int
-    quantized: bool
-    onnx_sha256: str
-    created: str
-    seed: int
-    data: dict[str, Any] = Field(default_factory=dict)
-    training: dict[str, Any] = Field(default_factory=dict)
     # The specialists' thresholds (see arag.agent.specialists.Thresholds), fit on the held-out slice.
     thresholds: dict[str, float] = Field(default_factory=dict)
     held_out: dict[str, Any] = Field(default_factory=dict)
-    validation: dict[str, Any] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)

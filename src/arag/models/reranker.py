@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 from arag.errors import ConfigError, ModelError
 from arag.models.onnx_files import (
     MODEL_FILE,
+    TrainedCard,
     open_session,
     read_model_card,
     replace_model_card,
@@ -46,23 +47,14 @@ class Bars(BaseModel):
     upper: float
 
 
-class ModelCard(BaseModel):
+class ModelCard(TrainedCard):
     """What a trained reranker is, how it was made, and how well it did on its calibration questions
     (the held-out train papers' by default)."""
 
-    model_id: str
-    base_model: str
     layers: int
     max_length: int
     # Pairs are cut to this many word-pieces at query time (None: max_length, as trained).
     inference_max_length: int | None = None
-    quantized: bool
-    onnx_sha256: str
-    created: str
-    seed: int
-    data: dict[str, Any] = Field(default_factory=dict)
-    training: dict[str, Any] = Field(default_factory=dict)
-    validation: dict[str, Any] = Field(default_factory=dict)
     bars: Bars | None = None
     # The final score is model score + fusion_weight * -ln(fused rank): how much the hybrid
     # search's own ranking still counts after reranking (fit on the calibration questions; 0: none).

@@ -149,7 +149,12 @@ async def _run(
     stats: dict[str, _Route],
 ) -> bool:
     """The clients until the deadline; True when the bound cut them."""
-    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    # An idle pooled connection is dropped after 2 s, before uvicorn's 5 s keep-alive timeout closes it:
+    # with both at 5 s (httpx's default), a request sent on a connection the server is closing at that
+    # moment fails with a ReadError that is the client's race, not the server's error.
+    limits = httpx.Limits(
+        max_connections=clients + 4, max_keepalive_connections=clients + 4, keepalive_expiry=2.0
+    )
     async with httpx.AsyncClient(
         base_url=base_url, headers=headers, timeout=timeout_s, limits=limits
     ) as http:

@@ -91,6 +91,12 @@ def in_library(
 ) -> list[EvalQuestion]:
     """The questions whose paper is in the library; a ModelError when none is (a warning when
     more than a tenth are missing)."""
+    if not qs:
+        raise ModelError(
+            f"there are no {what} questions to use",
+            where=where,
+            fix="pass a larger limit (e.g. --val-limit), or leave the limits out to use every question",
+        )
     kept = [q for q in qs if q.paper_id in papers]
     if not kept:
         raise ModelError(
