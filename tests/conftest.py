@@ -143,6 +143,14 @@ def small_library(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -
     return make
 
 
+@pytest.fixture(scope="session")
+def training_questions(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> tuple[Path, Path]:
+    """(train, validation) question files cut to the trainers' tiny slice (training_util); read only."""
+    from training_util import cut_questions
+
+    return cut_questions(shared_dir, tmp_path_factory.mktemp("training-questions"))
+
+
 def qasper_papers(n: int) -> list[Paper]:
     """The first ``n`` papers of the shared QASPER corpus (skips the test when it is absent)."""
     shared = find_shared_dir()

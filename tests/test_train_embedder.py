@@ -5,7 +5,7 @@ id that keeps its vectors apart, the CLI) is what is checked; the batching rule 
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,16 +14,14 @@ from typer.testing import CliRunner
 
 from arag.cli.main import app
 from arag.errors import ModelError
-from arag.library.manage import build_library
 from arag.models.factory import get_embedder
 from arag.models.onnx_files import CARD_FILE, MODEL_FILE, file_sha256
 from arag.models.onnx_minilm import EmbedderCard
-from arag.settings import Settings, get_settings
+from arag.settings import Settings
 from arag.train.embedder import EmbedderExample, EmbedderTrainConfig, make_batches
 from arag.train.embedder_pipeline import HeldOut, ranking_figures, train_embedder
+from training_util import TRAINING_LIBRARY
 
-TRAIN_PAPERS = ["1909.00694", "2003.07723", "1705.09665", "1908.06606", "1811.00942", "1805.02400"]
-VAL_PAPERS = ["1912.01214", "1810.08699", "1609.00425", "1801.05147"]
 CFG = EmbedderTrainConfig(batch=4, epochs=1.0, max_length=96, threads=1)
 
 
@@ -61,25 +59,15 @@ def test_ranking_figures_score_the_order_given() -> None:
 
 
 @pytest.fixture(scope="module")
-def questions(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> Path:
+def questions(training_questions: tuple[Path, Path]) -> Path:
     """QASPER train cut to the library's train papers."""
-    src = shared_dir / "benchmarks" / "qasper" / "questions_train.json"
-    items = [q for q in json.loads(src.read_text()) if q["paper_id"] in TRAIN_PAPERS]
-    path = tmp_path_factory.mktemp("questions") / "questions_train.json"
-    path.write_text(json.dumps(items))
-    return path
+    return training_questions[0]
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings:
-    s = get_settings(
-        data_dir=tmp_path_factory.mktemp("embedder-lib"),
-        corpus={"paper_ids": TRAIN_PAPERS + VAL_PAPERS},
-        embedding={"provider": "hash"},
-        topics={"k": 2},
-    )
-    build_library(s)
-    return s
+def lib(small_library: Callable[..., Settings]) -> Settings:
+    # Its own library: the tests train models into it.
+    return small_library(own="train-embedder", **TRAINING_LIBRARY)
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ A 1-layer model on 96 word-pieces and a few dozen questions: the numbers mean no
 
 from __future__ import annotations
 
-import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,47 +17,30 @@ from typer.testing import CliRunner
 from arag.cli.main import app
 from arag.corpus.qasper_questions import HELD_OUT_NAME, held_out_paper, load_questions
 from arag.errors import ModelError
-from arag.library.manage import build_library
+from arag.library.manage import list_papers
 from arag.models.onnx_files import CARD_FILE, MODEL_FILE, file_sha256
 from arag.models.reranker import ModelCard, OnnxReranker, get_reranker
 from arag.settings import Settings, get_settings
 from arag.train.reranker import TrainConfig
 from arag.train.reranker_pipeline import calibration_split, recalibrate, train_reranker
+from training_util import TRAIN_PAPERS, TRAINING_LIBRARY, VAL_PAPERS
 
 pytestmark = pytest.mark.real_models
 
-# The first papers of QASPER train and validation: every question of the limits below is about one.
-TRAIN_PAPERS = ["1909.00694", "2003.07723", "1705.09665", "1908.06606", "1811.00942", "1805.02400"]
-VAL_PAPERS = ["1912.01214", "1810.08699", "1609.00425", "1801.05147"]
 CFG = TrainConfig(layers=1, max_length=96, epochs=1.0, threads=1)
 
 
 @pytest.fixture(scope="module")
-def questions(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> tuple[Path, Path]:
+def questions(training_questions: tuple[Path, Path]) -> tuple[Path, Path]:
     """Train and validation question files cut to the library's papers."""
-    out = tmp_path_factory.mktemp("questions")
-    paths = []
-    for split, papers in (("train", TRAIN_PAPERS), ("validation", VAL_PAPERS)):
-        src = shared_dir / "benchmarks" / "qasper" / f"questions_{split}.json"
-        if not src.is_file():
-            pytest.skip(f"{src} is missing")
-        items = [q for q in json.loads(src.read_text()) if q["paper_id"] in papers]
-        path = out / f"questions_{split}.json"
-        path.write_text(json.dumps(items))
-        paths.append(path)
-    return paths[0], paths[1]
+    return training_questions
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory, qasper_path: Path) -> Settings:
-    s = get_settings(
-        data_dir=tmp_path_factory.mktemp("train-lib"),
-        corpus={"paper_ids": TRAIN_PAPERS + VAL_PAPERS},
-        embedding={"provider": "hash"},
-        topics={"k": 2},
-    )
-    summary = build_library(s)
-    assert summary.papers_added == len(TRAIN_PAPERS + VAL_PAPERS)
+def lib(small_library: Callable[..., Settings]) -> Settings:
+    # Its own library: the tests train models into it.
+    s = small_library(own="train-reranker", **TRAINING_LIBRARY)
+    assert sorted(r.id for r in list_papers(s)) == sorted(TRAIN_PAPERS + VAL_PAPERS)
     return s
 
 

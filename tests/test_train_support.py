@@ -51,6 +51,7 @@ from arag.train.support_pipeline import (
     to_mined,
     train_support,
 )
+from training_util import TRAIN_PAPERS, TRAINING_LIBRARY, VAL_PAPERS
 
 # --- answers and pairs --------------------------------------------------------------------------
 
@@ -277,30 +278,18 @@ def test_nli_without_weights_on_disk_is_a_clear_error(tmp_path: Path) -> None:
 
 # --- the whole run on a tiny library (real models) ------------------------------------------------
 
-# The first papers of QASPER train and validation: every question of the limits below is about one.
-TRAIN_PAPERS = ["1909.00694", "2003.07723", "1705.09665", "1908.06606", "1811.00942", "1805.02400"]
-VAL_PAPERS = ["1912.01214", "1810.08699", "1609.00425", "1801.05147"]
 CFG = TrainConfig(layers=1, max_length=96, epochs=1.0, threads=1)
 
 
 @pytest.fixture(scope="module")
-def questions(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> tuple[Path, Path]:
-    out = tmp_path_factory.mktemp("support-questions")
-    paths = []
-    for split, papers in (("train", TRAIN_PAPERS), ("validation", VAL_PAPERS)):
-        src = shared_dir / "benchmarks" / "qasper" / f"questions_{split}.json"
-        if not src.is_file():
-            pytest.skip(f"{src} is missing")
-        path = out / f"questions_{split}.json"
-        path.write_text(json.dumps([q for q in json.loads(src.read_text()) if q["paper_id"] in papers]))
-        paths.append(path)
-    return paths[0], paths[1]
+def questions(training_questions: tuple[Path, Path]) -> tuple[Path, Path]:
+    return training_questions
 
 
 @pytest.fixture(scope="module")
 def lib(small_library: Callable[..., Settings]) -> Settings:
     # Its own library (no other module asks for these papers): the tests train models into it.
-    s = small_library(corpus={"paper_ids": TRAIN_PAPERS + VAL_PAPERS}, threads=1)
+    s = small_library(**TRAINING_LIBRARY, threads=1)
     assert sorted(r.id for r in list_papers(s)) == sorted(TRAIN_PAPERS + VAL_PAPERS)
     return s
 
