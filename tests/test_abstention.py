@@ -37,10 +37,12 @@ from arag.train.abstention_fit import (
     Case,
     auc,
     best_threshold,
+    cross_validated,
     fit_logistic,
     fit_rule,
     fold_of,
     load_cases,
+    nested_gain,
     shares,
 )
 
@@ -319,6 +321,24 @@ def test_fit_turns_the_rule_on_when_a_signal_separates() -> None:
 def test_fit_leaves_the_rule_off_on_noise() -> None:
     rule = fit_rule(_cases(100, signal=False, seed=3), fit_on="x")
     assert not rule.active and rule.fit["gain_answers"] < 1.0
+
+
+def test_the_nested_estimate_does_not_let_a_question_choose_its_own_threshold() -> None:
+    # Noise: the best threshold on every fold's probabilities always finds some gain (it picks the
+    # luckiest prefix); decided fold by fold with thresholds from the other folds, the gain is gone.
+    cases = [c for c in _cases(100, signal=False, seed=1) if c.x is not None]
+    gains = np.asarray([c.decline_f1 - c.answer_f1 for c in cases])
+    _, flat = best_threshold(gains, cross_validated(cases))
+    nested, declined = nested_gain(cases)
+    assert flat == pytest.approx(0.627, abs=1e-3) and nested == pytest.approx(-0.951, abs=1e-3)
+    assert len(declined) == 5
+    by_id = {c.question_id: g for c, g in zip(cases, gains, strict=True)}
+    assert nested == pytest.approx(sum(by_id[q] for q in declined))
+    # A real signal survives it: 19 of the 20 unanswerable questions declined, no answerable one.
+    cases = [c for c in _cases(100, signal=True) if c.x is not None]
+    nested, declined = nested_gain(cases)
+    unanswerable = {c.question_id for c in cases if c.unanswerable}
+    assert declined < unanswerable and len(declined) == 19 and nested == 19.0
 
 
 def test_fit_needs_enough_answered_questions() -> None:

@@ -56,7 +56,8 @@ def train_abstention_cmd(
     table = Table(
         "", "Answer-F1", "declined (unanswerable)", "answered (answerable)",
         title=f"{f['questions']} questions ({f['unanswerable']} unanswerable) of {qpath.name}, "
-        "cross-validated by question (5 folds)",
+        "cross-validated by question (5 folds; the rule's row: each fold's model and threshold chosen on "
+        "the other folds)",
     )  # fmt: skip
     table.add_row(
         "as answered", f"{f['answer_f1_before']:.3f}", _share(f["before"]["declined_unanswerable"]),
@@ -70,8 +71,9 @@ def train_abstention_cmd(
     state = (
         f"on: declines at p >= {rule.threshold:.3f}"
         if rule.active
-        else f"off: its best threshold gains {f['gain_answers']:.2f} right answers' worth "
-        f"(at least {f['min_gain_answers']:.0f} needed)"
+        else f"off: decided fold by fold, it gains {f['gain_answers']:.2f} right answers' worth "
+        f"(at least {f['min_gain_answers']:.0f} needed; {f['gain_answers_best_threshold']:.2f} at the best "
+        "threshold over every fold, which lets each question help choose its own decision)"
     )
     console.print(
         f"AUC of the decline probability for unanswerable questions (cross-validated): "
