@@ -159,17 +159,35 @@ def test_the_synthesizer_scores_the_short_answers_first_token(lib: Settings) -> 
         def reply(messages: object) -> str:
             return "Short answer: attention maps\nExplanation: The modules compute attention [1]."
 
-        llm = ScriptedLLM(default=reply, next_tokens=score)
-        answer = build_agent(lib, retriever, llm, abstention=None).run(question)
-        synth = next(e for e in answer.events if e.node == "synthesizer")
-        assert synth.counts["llm_p_abstain"] == pytest.approx(0.30) and synth.counts["llm_top_p"] == 0.6
+        def with_confidence(mode: str) -> Settings:
+            return lib.model_copy(update={"agent": lib.agent.model_copy(update={"answer_confidence": mode})})
+
+        def synth_counts(settings: Settings, rule: AbstentionRule | None) -> dict[str, float]:
+            agent = build_agent(
+                settings, retriever, ScriptedLLM(default=reply, next_tokens=score), abstention=rule
+            )
+            answer = agent.run(question)
+            if "llm_p_abstain" in next(e for e in answer.events if e.node == "synthesizer").counts:
+                assert signals(answer, answer.events)["llm_scored"] == 1.0
+            return next(e for e in answer.events if e.node == "synthesizer").counts
+
+        synth = synth_counts(with_confidence("on"), None)
+        assert synth["llm_p_abstain"] == pytest.approx(0.30) and synth["llm_top_p"] == 0.6
         assert asked == [("scored",)]
-        assert signals(answer, answer.events)["llm_scored"] == 1.0
-        # Turned off (or a hosted API, which cannot tell): no call, no counts.
-        off = lib.model_copy(update={"agent": lib.agent.model_copy(update={"answer_confidence": False})})
-        quiet = build_agent(off, retriever, ScriptedLLM(default=reply, next_tokens=score), abstention=None)
-        counts = next(e for e in quiet.run(question).events if e.node == "synthesizer").counts
-        assert "llm_p_abstain" not in counts and asked == [("scored",)]
+        # Off (or a hosted API, which cannot tell): no call, no counts.
+        assert "llm_p_abstain" not in synth_counts(with_confidence("off"), None) and len(asked) == 1
+        # The default, auto: scored only for a rule that is on and weighs the LLM's signals.
+        auto = with_confidence("auto")
+        assert "llm_p_abstain" not in synth_counts(auto, None) and len(asked) == 1
+        blind = _rule(threshold=0.99)
+        assert not blind.reads_llm_signals
+        assert "llm_p_abstain" not in synth_counts(auto, blind) and len(asked) == 1
+        weights = list(blind.weights)
+        weights[FEATURES.index("llm_abstain_logit")] = 0.5
+        reading = blind.model_copy(update={"weights": weights})
+        assert reading.reads_llm_signals
+        assert not reading.model_copy(update={"threshold": math.inf}).reads_llm_signals  # off: nothing read
+        assert synth_counts(auto, reading)["llm_p_abstain"] == pytest.approx(0.30) and len(asked) == 2
     finally:
         store.close()
 

@@ -34,7 +34,7 @@ from arag.eval.answers import (
 from arag.eval.naive import NAIVE_SYSTEM, NaiveRAG
 from arag.eval.qasper_metrics import score_question
 from arag.library.manage import open_for_search
-from arag.llm.base import ChatMessage
+from arag.llm.base import ChatMessage, NextToken
 from arag.llm.scripted import ScriptedLLM
 from arag.records import Answer, Chunk, Citation, NodeEvent, UsedChunk
 from arag.settings import Settings
@@ -334,7 +334,9 @@ def scripted() -> ScriptedLLM:
             return f"Short answer: {' '.join(first.split()[:4])}\nExplanation: {first} [1].{extra}"
         raise AssertionError(f"unexpected prompt: {system[:60]}")
 
-    return ScriptedLLM([], default=reply)
+    # The model's first-token probabilities, scored only where something reads them.
+    first = NextToken(probs={" not": 0.1}, top=[(" the", 0.5)], entropy=2.0)
+    return ScriptedLLM([], default=reply, next_tokens=first)
 
 
 def test_naive_prompt_holds_exactly_the_top_5_dense_chunks(lib: Settings) -> None:
@@ -421,6 +423,11 @@ def test_cli_compares_every_configuration(
     assert reports["no-verifier"]["settings"]["verifier"] == "off (claims accepted)"
     assert (out / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "failure taxonomy" in res.output and "retrieval_miss" in res.output
+    # Traces are for fitting an abstention rule: they carry the LLM's first-token signals as well.
+    assert summary["machine"]["answer_confidence"] == "on" and summary["machine"]["cores"] >= 1
+    assert "first-token scoring on" in res.output
+    assert all(r["signals"]["llm_scored"] == 1.0 for r in by["full"] if r["mode"] == "llm")
+    assert any(r["mode"] == "llm" for r in by["full"])
 
 
 def test_cli_without_an_llm_skips_llm_configs_and_says_so(
@@ -436,6 +443,8 @@ def test_cli_without_an_llm_skips_llm_configs_and_says_so(
     assert set(summary["skipped"]) == {"naive", "full", "no-verifier", "one-pass"}
     assert "skipped naive" in res.output and "LLM provider is extractive" in res.output
     assert sum(summary["strata"].values()) == 4
+    # No traces, no rule: nothing reads the first-token signals, so no answer pays for them.
+    assert summary["machine"]["answer_confidence"] == "auto" and summary["machine"]["llama_build"] is None
     only_llm = runner.invoke(app, [*args, "--configs", "full"])
     assert only_llm.exit_code != 0 and "no chosen configuration" in only_llm.output
 

@@ -52,3 +52,20 @@ def test_data_dir_defaults_outside_the_repo(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_default_corpus_is_the_shared_qasper_file(qasper_path: Path) -> None:
     assert get_settings().corpus.qasper_path.resolve() == qasper_path.resolve()
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"), [("true", "on"), ("1", "on"), ("false", "off"), ("auto", "auto"), ("on", "on")]
+)
+def test_answer_confidence_keeps_its_old_boolean_values(
+    monkeypatch: pytest.MonkeyPatch, value: str, mode: str
+) -> None:
+    assert get_settings().agent.answer_confidence == "auto"  # scored only where a rule reads it
+    monkeypatch.setenv("ARAG_AGENT__ANSWER_CONFIDENCE", value)
+    assert get_settings().agent.answer_confidence == mode
+
+
+def test_answer_confidence_rejects_other_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ARAG_AGENT__ANSWER_CONFIDENCE", "sometimes")
+    with pytest.raises(ConfigError, match="answer_confidence"):
+        get_settings()

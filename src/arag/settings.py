@@ -308,9 +308,10 @@ class AgentSettings(BaseModel):
     # extractively instead (a small model's false abstentions cost as much as retrieval misses).
     override_false_abstain: bool = True
     # After an LLM answer, the model's probability of starting its short answer with "not" (in the
-    # library), scored from its KV cache in a few ms: a signal for calibrated abstention. Local
-    # models only (a hosted API has no such call; the signal is then absent).
-    answer_confidence: bool = True
+    # library): signals for calibrated abstention. Local models only (a hosted API has no such call;
+    # the signals are then absent). It is one more model call, so ``auto`` makes it only where it is
+    # read: an abstention rule that is on and weighs them, or traces written for fitting one.
+    answer_confidence: Literal["auto", "on", "off"] = "auto"
     closest_papers: int = 3
     concurrent: bool = True
     # An open question (it names no paper): at most this many papers in its literature answer, and an
@@ -324,6 +325,16 @@ class AgentSettings(BaseModel):
     literature_passages: int = 3
     literature_overview: bool = True
     overview_tokens: int = 90
+
+    @field_validator("answer_confidence", mode="before")
+    @classmethod
+    def _confidence_was_a_bool(cls, v: Any) -> Any:
+        # It was a boolean before ``auto``: true/false (and 1/0) still mean on/off.
+        if isinstance(v, bool):
+            return "on" if v else "off"
+        if isinstance(v, str) and v.strip().lower() in ("true", "1", "yes", "false", "0", "no"):
+            return "on" if v.strip().lower() in ("true", "1", "yes") else "off"
+        return v
 
 
 class ChatSettings(BaseModel):

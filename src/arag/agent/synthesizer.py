@@ -232,11 +232,21 @@ def generate(
     return "".join(pieces)
 
 
+def wants_confidence(deps: AgentDeps) -> bool:
+    """Whether an LLM answer is scored for its first token: on, or (``auto``) when the abstention
+    rule in use reads those signals. It costs a model call, so nothing else pays for it."""
+    mode = deps.settings.answer_confidence
+    if mode == "auto":
+        return deps.abstention is not None and deps.abstention.reads_llm_signals
+    return mode == "on"
+
+
 def answer_confidence(deps: AgentDeps, user: str) -> dict[str, float]:
     """The model's own reckoning at the start of its short answer: the probability that it begins
     "not (in the library)", the most likely token's probability and the entropy (step counts; empty
-    when the backend cannot tell). Read by calibrated abstention (models/abstention.py)."""
-    if deps.llm is None or not deps.settings.answer_confidence:
+    when the backend cannot tell, or when nothing reads them: :func:`wants_confidence`). Read by
+    calibrated abstention (models/abstention.py)."""
+    if deps.llm is None or not wants_confidence(deps):
         return {}
     messages = [
         ChatMessage(role="system", content=prompts.SYNTH_SYSTEM),

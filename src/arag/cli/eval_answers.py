@@ -5,6 +5,7 @@ questions: the naive RAG baseline, the agent without an LLM (extractive), and th
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -66,6 +67,33 @@ def with_llm(settings: Settings, spec: str | None) -> Settings:
     if model:
         update["model"] = model
     return settings.model_copy(update={"llm": settings.llm.model_copy(update=update)})
+
+
+def run_machine(model: object | None, settings: Settings) -> dict[str, Any]:
+    """What the latencies were measured on: the CPU, its cores, the local LLM's llama.cpp build and
+    whether answers were scored for their first token (one more model call each)."""
+    from arag.llm.builds import cpu_name
+
+    inner = getattr(model, "inner", model)  # the disk cache wraps the model
+    processes = getattr(inner, "processes", None) or []
+    build = getattr(processes[0], "llama_build", None) if processes else None
+    return {
+        "cpu": cpu_name() or "unknown",
+        "cores": os.cpu_count(),
+        "llama_build": getattr(build, "name", None),
+        "answer_confidence": settings.agent.answer_confidence,
+    }
+
+
+def print_machine(machine: dict[str, Any]) -> None:
+    """The line that says what the latencies were measured on."""
+    build = f"; llama.cpp build {machine['llama_build']}" if machine["llama_build"] else ""
+    console.print(
+        f"machine: {machine['cpu']}, {machine['cores']} cores{build}; first-token scoring "
+        f"{machine['answer_confidence']}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def parse_configs(text: str) -> list[str]:
@@ -290,6 +318,10 @@ def eval_answers(
     check_limit(limit)
     chosen = parse_configs(configs)
     settings = with_llm(load_settings(), llm)
+    if traces is not None and settings.agent.answer_confidence == "auto":
+        # Traces are what an abstention rule is fit on: they carry every signal, the LLM's own too.
+        agent_settings = settings.agent.model_copy(update={"answer_confidence": "on"})
+        settings = settings.model_copy(update={"agent": agent_settings})
     qpath = questions or default_questions_path()
     annotated, no_annotations = load_answer_questions(qpath)
     if held_out:
@@ -428,6 +460,8 @@ def eval_answers(
         qpath, held_out, settings, reranker.name, readers, reranker_calibration(reranker), rule_fit
     )
     print_split_note(splits)
+    machine = run_machine(model, settings)
+    print_machine(machine)
     if json_out:
         summary = {
             "questions_file": str(qpath),
@@ -442,6 +476,7 @@ def eval_answers(
             "scope": scope,
             "llm": model.name if model is not None else None,
             "llm_provider": settings.llm.provider,
+            "machine": machine,
             "skipped": skipped,
             "configs": [r.model_dump() for r in reports],
             # Each configuration's answers scored again with what the abstention rule withheld.

@@ -60,6 +60,18 @@ def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
+def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name, for reports whose timings depend on it ("" where it cannot be read)."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            return " ".join(line.split(":", 1)[1].split())
+    return ""
+
+
 def cpu_signature(flags: frozenset[str]) -> str:
     """A short name for a set of CPU flags: a check passed on one signature vouches for no other."""
     return hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]

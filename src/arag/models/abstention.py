@@ -126,6 +126,14 @@ class AbstentionRule(BaseModel):
     def active(self) -> bool:
         return math.isfinite(self.threshold)
 
+    @property
+    def reads_llm_signals(self) -> bool:
+        """Whether the decision weighs the LLM's own next-token signals (then the answer must be
+        scored for them: ``ARAG_AGENT__ANSWER_CONFIDENCE=auto``)."""
+        return self.active and any(
+            name.startswith("llm_") and w != 0.0 for name, w in zip(self.features, self.weights, strict=True)
+        )
+
     def p_decline(self, values: Mapping[str, float]) -> float:
         """The model's probability that declining scores better than answering."""
         z = self.bias
