@@ -261,6 +261,10 @@ class ArxivSettings(BaseModel):
     timeout_s: float = 30.0
 
 
+# ARAG_AGENT__ANSWER_CONFIDENCE's values from when it was a boolean.
+_OLD_BOOLEANS = {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}
+
+
 class AgentSettings(BaseModel):
     """The answering agent: planning, grading, the retry, the context budget and verification."""
 
@@ -332,8 +336,8 @@ class AgentSettings(BaseModel):
         # It was a boolean before ``auto``: true/false (and 1/0) still mean on/off.
         if isinstance(v, bool):
             return "on" if v else "off"
-        if isinstance(v, str) and v.strip().lower() in ("true", "1", "yes", "false", "0", "no"):
-            return "on" if v.strip().lower() in ("true", "1", "yes") else "off"
+        if isinstance(v, str):
+            return _OLD_BOOLEANS.get(v.strip().lower(), v)
         return v
 
 

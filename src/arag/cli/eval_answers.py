@@ -72,15 +72,14 @@ def with_llm(settings: Settings, spec: str | None) -> Settings:
 def run_machine(model: object | None, settings: Settings) -> dict[str, Any]:
     """What the latencies were measured on: the CPU, its cores, the local LLM's llama.cpp build and
     whether answers were scored for their first token (one more model call each)."""
-    from arag.llm.builds import cpu_name
+    from arag.llm.builds import choose_build, cpu_name
 
-    inner = getattr(model, "inner", model)  # the disk cache wraps the model
-    processes = getattr(inner, "processes", None) or []
-    build = getattr(processes[0], "llama_build", None) if processes else None
+    local = model is not None and settings.llm.provider == "llama-cpp"
     return {
         "cpu": cpu_name() or "unknown",
         "cores": os.cpu_count(),
-        "llama_build": getattr(build, "name", None),
+        # The same choice the LLM factory made for this model's processes.
+        "llama_build": choose_build(settings.llm.build).name if local else None,
         "answer_confidence": settings.agent.answer_confidence,
     }
 

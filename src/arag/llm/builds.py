@@ -48,28 +48,26 @@ def builds_root() -> Path:
     return Path(sys.prefix) / "llama-builds"
 
 
-def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """Every flag the CPU lists (empty where /proc/cpuinfo cannot be read: not Linux)."""
+def _cpuinfo_field(name: str, cpuinfo: Path) -> str | None:
+    """The first ``name : value`` line's value in /proc/cpuinfo (None where absent or unreadable)."""
     try:
         text = cpuinfo.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return frozenset()
+        return None
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+        if line.startswith(name):
+            return line.split(":", 1)[1]
+    return None
+
+
+def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """Every flag the CPU lists (empty where /proc/cpuinfo cannot be read: not Linux)."""
+    return frozenset((_cpuinfo_field("flags", cpuinfo) or "").split())
 
 
 def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's model name, for reports whose timings depend on it ("" where it cannot be read)."""
-    try:
-        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        if line.startswith("model name"):
-            return " ".join(line.split(":", 1)[1].split())
-    return ""
+    return " ".join((_cpuinfo_field("model name", cpuinfo) or "").split())
 
 
 def cpu_signature(flags: frozenset[str]) -> str:
