@@ -226,3 +226,53 @@ def test_a_failed_rewrite_leaves_the_papers_old_chunks(tmp_path: Path, qasper_pa
         store.close()
     assert build_library(smaller).papers_added == 3  # the next build rewrites them
     assert library_status(smaller).chunks == sum(r.n_chunks for r in list_papers(smaller))
+
+
+class _FlushFailsOnce:
+    """The engine's shard, but its second flush fails as Qdrant Edge's once did mid-build here."""
+
+    def __init__(self, shard: object) -> None:
+        self._shard = shard
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+        if self.flushes == 2:
+            raise RuntimeError(
+                "Service internal error: Failed to flush mmap sparse vector gridstore: "
+                "tracker_journal.dat is shorter than expected"
+            )
+        self._shard.flush()  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._shard, name)
+
+
+def test_a_failed_flush_is_fixed_by_running_the_build_again(tmp_path: Path, qasper_path: Path) -> None:
+    from arag.corpus.qasper import load_qasper
+    from arag.errors import StoreError
+    from arag.index.factory import open_store
+
+    s = _settings(tmp_path / "lib", 9)  # three batches of three papers
+    papers, _ = load_qasper(qasper_path, max_papers=9)
+    store = open_store(s, 384)
+    try:
+        store._shard = _FlushFailsOnce(store._shard)  # type: ignore[attr-defined]
+        with LibraryBuilder(s, store=store) as builder, pytest.raises(StoreError) as failed:
+            builder.index_papers(papers)
+    finally:
+        store.close()
+    # The engine's words, what failed, and the cheap fix first: a rerun, not a 20-minute rebuild.
+    assert "tracker_journal.dat" in failed.value.what and "(flush)" in failed.value.what
+    assert failed.value.fix is not None and failed.value.fix.startswith("run the same command again")
+    assert "--rebuild" in failed.value.fix  # only if the rerun fails the same way
+    # The batch whose flush failed was not recorded: the rerun writes it again.
+    assert len(list_papers(s)) == 3
+
+    again = build_library(s)
+    assert again.papers_skipped == 3 and again.papers_added == 6 and again.papers_failed == 0
+    clean = _settings(tmp_path / "clean", 9)
+    build_library(clean)
+    assert {r.id: r.n_chunks for r in list_papers(s)} == {r.id: r.n_chunks for r in list_papers(clean)}
+    assert library_status(s).chunks_by_type == library_status(clean).chunks_by_type
+    assert library_status(s).chunks == sum(r.n_chunks for r in list_papers(s))

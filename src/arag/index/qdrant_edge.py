@@ -58,6 +58,15 @@ _SCROLL_PAGE = 2048
 # Facets return at most `limit` values; far above any library's paper count.
 _FACET_LIMIT = 10_000_000
 _REBUILD_FIX = "rebuild the index with `arag library build --rebuild`"
+# A failed write or flush loses nothing: the update is in the write-ahead log, which the next open
+# replays, and a build records a paper only after its flush succeeded. Rerunning costs seconds where
+# a rebuild costs the whole library (20 minutes); a flush of the engine's sparse store once failed
+# here mid-build ("tracker_journal.dat is shorter than expected") and a plain rerun resumed cleanly.
+_RETRY_FIX = (
+    "run the same command again (free disk space first if the message says it ran out): the index "
+    "replays its write-ahead log when it is next opened, and `arag library build` resumes at the "
+    f"first paper it had not recorded; if it fails the same way again, {_REBUILD_FIX}"
+)
 
 
 def _edge_config(dim: int, threads: int | None) -> qe.EdgeConfig:
@@ -167,7 +176,7 @@ class EdgeStore(ClosingStore):
         return store
 
     def _ensure_payload_indexes(self) -> None:
-        with self._engine("create payload indexes"):
+        with self._engine("create payload indexes", write=True):
             existing = set(self._live().info().payload_schema)
             for name in KEYWORD_FIELDS:
                 if name not in existing:
@@ -186,25 +195,28 @@ class EdgeStore(ClosingStore):
         return self._shard
 
     @contextmanager
-    def _engine(self, action: str) -> Iterator[None]:
-        """Turn the engine's bare exceptions into StoreError naming the action and the index."""
+    def _engine(self, action: str, *, write: bool = False) -> Iterator[None]:
+        """Turn the engine's bare exceptions into StoreError naming the action and the index;
+        ``write``: the action writes, so the fix is to run it again, not to rebuild."""
         try:
             yield
         except StoreError:
             raise
         except Exception as exc:
             raise StoreError(
-                f"index operation failed ({action}): {exc}", where=str(self.path), fix=_REBUILD_FIX
+                f"index operation failed ({action}): {exc}",
+                where=str(self.path),
+                fix=_RETRY_FIX if write else _REBUILD_FIX,
             ) from exc
 
     def flush(self) -> None:
         """Persist all segments (updates are already in the write-ahead log)."""
-        with self._engine("flush"):
+        with self._engine("flush", write=True):
             self._live().flush()
 
     def optimize(self) -> None:
         """Merge segments and build HNSW/payload indexes; blocks until done."""
-        with self._engine("optimize"):
+        with self._engine("optimize", write=True):
             changed = self._live().optimize()
         log.info("optimized index %s (changed: %s)", self.path, changed)
 
@@ -215,7 +227,7 @@ class EdgeStore(ClosingStore):
     def _release_engine(self) -> None:
         """Flush and release the shard and its lock."""
         shard, self._shard = self._live(), None
-        with self._engine("close"):
+        with self._engine("close", write=True):
             shard.flush()
             shard.close()
 
@@ -238,12 +250,12 @@ class EdgeStore(ClosingStore):
             )
             for c, row, sv in zip(chunks, rows, sparse, strict=True)
         ]
-        with self._engine(f"upsert {len(points)} chunks"):
+        with self._engine(f"upsert {len(points)} chunks", write=True):
             self._live().update(qe.UpdateOperation.upsert_points(points))
 
     def delete_paper(self, paper_id: str) -> None:
         """Remove every chunk of ``paper_id`` (nothing happens for an unknown id)."""
-        with self._engine(f"delete paper {paper_id}"):
+        with self._engine(f"delete paper {paper_id}", write=True):
             self._live().update(qe.UpdateOperation.delete_points_by_filter(_paper_filter([paper_id])))
 
     def delete_stale(self, paper_ids: Sequence[str], keep: Sequence[str]) -> None:
@@ -254,12 +266,12 @@ class EdgeStore(ClosingStore):
             must=[qe.FieldCondition("paper_id", match=qe.MatchAny(list(paper_ids)))],
             must_not=[qe.HasIdCondition({point_id(c) for c in keep})] if keep else None,
         )
-        with self._engine(f"delete stale chunks of {len(paper_ids)} papers"):
+        with self._engine(f"delete stale chunks of {len(paper_ids)} papers", write=True):
             self._live().update(qe.UpdateOperation.delete_points_by_filter(flt))
 
     def set_topics(self, topics: Mapping[str, tuple[int, str]]) -> None:
         """Write topic id and label into every chunk of each paper (one update per topic)."""
-        with self._engine("set topics"):
+        with self._engine("set topics", write=True):
             for (topic, label), paper_ids in topic_groups(topics).items():
                 op = qe.UpdateOperation.set_payload_by_filter(
                     _paper_filter(paper_ids), {"topic": topic, "topic_label": label}
