@@ -650,6 +650,23 @@ def test_an_explanation_of_markers_alone_makes_the_short_answer_the_claim() -> N
     assert _check("Short answer: Wikipedia pages\nExplanation: [1] [9].").explanation == "Wikipedia pages [1]"
 
 
+def test_a_yes_no_explained_by_a_marker_alone_is_said_by_the_cited_sentence() -> None:
+    # The 1.5B wrote "Short answer: Yes / Explanation: [1]" to 8 of 45 held-out train yes/no questions;
+    # "Yes [1]" is no claim the verifier can check, so every one of them was an abstention.
+    q = "Is it trained on Wikipedia pages?"
+    d = _check("Short answer: Yes\nExplanation: [1]", "yes_no", question=q)
+    assert d.short_answer == "Yes" and d.mode == "llm"
+    assert d.explanation == "It is trained on Wikipedia pages [1]."
+    assert "markers alone" in d.notes[0]
+    # Only the cited passage speaks for the model: [2] holds none of the question's terms, so the
+    # explanation stays the bare claim, which the verifier declines to count.
+    bare = _check("Short answer: No\nExplanation: [2]", "yes_no", question=q)
+    assert bare.short_answer == "No" and bare.explanation == "No [2]" and not bare.notes
+    v = verify_claims(d, PASSAGES, LexicalSupport(), "yes_no", mark=False)
+    assert v.core_supported and v.explanation == "It is trained on Wikipedia pages [1]."
+    assert not verify_claims(bare, PASSAGES, LexicalSupport(), "yes_no", mark=False).core_supported
+
+
 def test_extractive_draft() -> None:
     q = "Is the semantic parser trained on Wikipedia?"
     d = extractive_draft(q, "yes_no", PASSAGES, 2)

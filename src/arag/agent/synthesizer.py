@@ -184,8 +184,22 @@ def check_llm_draft(
         return abstain_draft("the LLM found no answer in the passages").model_copy(
             update={"removed_citations": removed}
         )
+    stood_in = False
+    if explanation and not key_terms(strip_citations(explanation)):
+        # "Short answer: Yes / Explanation: [1]": the model points at its evidence without saying it,
+        # and a bare "Yes [1]" makes no claim the verifier can check (it abstained on such answers).
+        # The cited passage's sentence nearest the question says it, cited, and is checked like any.
+        cited = set(cited_numbers(explanation))
+        stand_in = extractive_draft(question, answer_type, [p for p in passages if p.n in cited], 1)
+        if stand_in.mode == "extractive":
+            explanation, stood_in = stand_in.explanation, True
+            notes.append(
+                "the explanation was markers alone; the cited passage's sentence nearest the question "
+                "stands in"
+            )
     if answer_type == "yes_no":
-        said = yes_no_of(explanation, strict=True)
+        # A stand-in is the passage's words, not the model's argument: it never flips the answer.
+        said = None if stood_in else yes_no_of(explanation, strict=True)
         if short not in ("Yes", "No") and said is not None:
             short = said
             notes.append("short answer taken from the explanation's yes/no")
