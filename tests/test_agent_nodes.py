@@ -665,6 +665,18 @@ def test_a_yes_no_explained_by_a_marker_alone_is_said_by_the_cited_sentence() ->
     v = verify_claims(d, PASSAGES, LexicalSupport(), "yes_no", mark=False)
     assert v.core_supported and v.explanation == "It is trained on Wikipedia pages [1]."
     assert not verify_claims(bare, PASSAGES, LexicalSupport(), "yes_no", mark=False).core_supported
+    # The stand-in is the passage's words, not the model's argument: its "No," flips nothing.
+    denial = _passage(1, _chunk("C:0001:dd", "C", "No, it is not trained on Wikipedia pages alone."))
+    kept = check_llm_draft(
+        "Short answer: Yes\nExplanation: [1]",
+        q,
+        "yes_no",
+        [denial],
+        OK,
+        override_false_abstain=True,
+        extractive_k=2,
+    )
+    assert kept.short_answer == "Yes" and kept.explanation.startswith("No, it is not trained")
 
 
 def test_extractive_draft() -> None:
