@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Sequence
 
+import numpy as np
 import pytest
 
 from arag.agent import build_agent, prompts
@@ -99,6 +100,47 @@ def test_rank_papers_carries_the_abstract_an_abstract_search_found() -> None:
     )
     papers = rank_papers("q", pool, IdentityReranker(), RetrievalSettings())
     assert {p.paper_id: p.abstract for p in papers} == {"A": "text A 0", "B": None}
+
+
+class _CountingReranker:
+    """A model's stand-in that scores a passage by its trailing number and records what it read."""
+
+    name = "counting"
+    bars = None
+    fusion_weight = 0.0
+
+    def __init__(self) -> None:
+        self.read: list[str] = []
+
+    def score(self, query: str, passages: Sequence[str]) -> np.ndarray:
+        self.read.extend(passages)
+        return np.array([float(p.rsplit(" ", 1)[-1]) for p in passages], dtype=np.float32)
+
+
+def test_rank_papers_scores_only_what_the_passage_stage_did_not() -> None:
+    pool = PaperPool(
+        abstracts=[_hit("A", 0, "abstract")],
+        passages=[_hit("B", 4), _hit("A", 2), _hit("B", 1)],
+        bm25=[_hit("A", 3)],
+    )
+    full = _CountingReranker()
+    every = rank_papers("q", pool, full, RetrievalSettings())
+    assert sorted(full.read) == ["text A 0", "text A 2", "text A 3", "text B 1", "text B 4"]
+    # The passage stage scored B:4 and A:2 (with other scores than the model's own, to see which
+    # were used): those are not read again, and the rest are.
+    reuse = _CountingReranker()
+    known = {_hit("B", 4).chunk.id: 40.0, _hit("A", 2).chunk.id: 20.0}
+    papers = rank_papers("q", pool, reuse, RetrievalSettings(), known)
+    assert sorted(reuse.read) == sorted(t for t in full.read if t not in {"text B 4", "text A 2"})
+    best = {p.paper_id: [(c.chunk.index, c.rerank_score) for c in p.passages] for p in papers}
+    assert best == {"A": [(2, 20.0), (3, 3.0)], "B": [(4, 40.0), (1, 1.0)]}
+    assert {p.paper_id: p.best_rerank for p in every} == {"A": 3.0, "B": 4.0}
+    # Without a model nothing is scored, whatever is passed.
+    assert all(
+        c.rerank_score is None
+        for p in rank_papers("q", pool, IdentityReranker(), RetrievalSettings(), known)
+        for c in p.passages
+    )
 
 
 def _paper(title: str, abstract: str | None) -> RankedPaper:

@@ -15,7 +15,7 @@ An open question is answered by several papers, so papers are ranked too:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel
 
@@ -108,26 +108,32 @@ def paper_candidates(pool: PaperPool, paper_id: str, limit: int) -> list[tuple[S
 
 
 def rank_papers(
-    query: str, pool: PaperPool, reranker: Reranker, settings: RetrievalSettings
+    query: str,
+    pool: PaperPool,
+    reranker: Reranker,
+    settings: RetrievalSettings,
+    scored: Mapping[str, float] | None = None,
 ) -> list[RankedPaper]:
     """The top papers for ``query`` with their best passages: aggregated, then each paper's candidate
-    chunks reranked in one batch (the reranker reads the question as asked)."""
+    chunks reranked in one batch (the reranker reads the question as asked). ``scored``: the model's
+    scores for this query that the passage stage already has, by chunk id; only the rest are scored."""
     papers = aggregate_papers(pool, rrf_k=settings.rrf_k, hits=settings.paper_hits, limit=settings.papers_k)
     cands = {p.paper_id: paper_candidates(pool, p.paper_id, settings.paper_hits + 1) for p in papers}
     flat = [c for p in papers for c in cands[p.paper_id]]
-    identity = reranker.name == "none"
-    raw = (
-        []
-        if identity or not flat
-        else [float(x) for x in reranker.score(query, [pair_text(h.chunk) for h, _, _ in flat])]
-    )
+    model_scores: dict[str, float] = {}
+    if reranker.name != "none":
+        # Most of a top paper's candidates are among the fused passages already scored: scoring them
+        # again doubled the model's time on an open question.
+        model_scores = dict(scored or {})
+        todo = list({h.chunk.id: h.chunk for h, _, _ in flat if h.chunk.id not in model_scores}.values())
+        if todo:
+            fresh = reranker.score(query, [pair_text(c) for c in todo])
+            model_scores.update((c.id, float(x)) for c, x in zip(todo, fresh, strict=True))
     out: list[RankedPaper] = []
-    i = 0
     for p in papers:
         ranked: list[RankedChunk] = []
         for hit, rank, names in cands[p.paper_id]:
-            model = raw[i] if raw else None
-            i += 1
+            model = model_scores.get(hit.chunk.id)
             ranked.append(
                 RankedChunk(
                     chunk=hit.chunk,

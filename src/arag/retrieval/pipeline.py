@@ -104,7 +104,14 @@ class Retriever:
         papers: list[RankedPaper] = []
         if hybrid.pool is not None:
             t0 = time.perf_counter()
-            papers = rank_papers(query, hybrid.pool, self.stage.reranker, self.hybrid.settings)
+            reranker = self.stage.reranker
+            # The passage stage's scores, unless the service installed a new model in between.
+            scored = (
+                {c.chunk.id: c.rerank_score for c in rr.ranked if c.rerank_score is not None}
+                if reranker.name == rr.model
+                else {}
+            )
+            papers = rank_papers(query, hybrid.pool, reranker, self.hybrid.settings, scored)
             timings["papers"] = round(1000 * (time.perf_counter() - t0), 2)
         return SearchResult(
             hybrid=hybrid,
