@@ -209,6 +209,7 @@ def test_bench_retrieval_runs_every_stage(
     assert r["reranker"] == "none" and r["rerank_candidates"] == 25
     assert r["queries"] == 12 and all(v > 0 for v in r["stage_ms"].values())
     assert r["cold_start_ms"] > r["index_open_ms"] > 0
+    assert r["one_query_reranked_ms"] > 0 and r["one_named_query_reranked_ms"] > 0
 
 
 def test_open_retrieval_reads_the_build_state_once_and_closes_the_store(

@@ -66,6 +66,10 @@ def test_the_model_and_its_card_are_installed(lib: Settings, trained: ModelCard)
     assert card.training["steps"] > 0 and card.training["threads"] == 1
     v = card.validation
     assert v["chosen"] == ("int8" if card.quantized else "fp32")
+    # auto: int8 when it holds nDCG@10 or fp32 is over the budget; else fp32.
+    holds = v["int8_ndcg_drop"] <= 0.005
+    over = v["median_ms_per_list"]["fp32"] > v["budget_ms_per_list"] == 150.0
+    assert card.quantized == (holds or over)
     for name in ("fused_order", "fp32", "int8"):
         assert set(v[name]) == {"recall@5", "recall@10", "ndcg@10", "mrr@10"}
         assert all(0.0 <= x <= 1.0 for x in v[name].values()), (name, v[name])

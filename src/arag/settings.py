@@ -161,7 +161,7 @@ class RerankSettings(BaseModel):
     model: str = "cross-encoder/ms-marco-MiniLM-L-6-v2"
     # The trained model's folder; default <data_dir>/models/reranker.
     path: Path | None = None
-    # Word-pieces per (question, passage) pair; None: what the model was trained with.
+    # Word-pieces per (question, passage) pair at query time; None: the model card's (its calibration's).
     max_length: int | None = None
     threads: int = 2
     # At most this many chunks are kept as evidence.

@@ -50,17 +50,20 @@ def _questions(path: Path | None, split: str) -> Path:
 def train_reranker_cmd(
     train: TrainQuestions = None,
     validation: Annotated[Path | None, typer.Option(help=CALIBRATE_HELP)] = None,
-    layers: Layers = 2,
+    layers: Layers = 6,
     max_length: Annotated[int, typer.Option(help="Word-pieces per (question, passage) pair.")] = 160,
     epochs: Annotated[float, typer.Option(help="Passes over the training questions.")] = 1.5,
     inference_max_length: Annotated[
         int, typer.Option(help="Word-pieces per pair at query time (shorter is faster; see bench reranker).")
-    ] = 128,
+    ] = 112,
     lr: Lr = 1e-4,
     head_lr: HeadLr = 3e-3,
     seed: Seed = 0,
     quantize: Annotated[
-        str, typer.Option(help="auto (int8 if it holds calibration nDCG), int8 or fp32.")
+        str,
+        typer.Option(
+            help="auto (int8 if it holds calibration nDCG or fp32 is over 150 ms a list), int8 or fp32."
+        ),
     ] = "auto",
     train_limit: TrainLimit = None,
     val_limit: ValLimit = None,

@@ -128,7 +128,7 @@ def read_card(folder: Path) -> ModelCard:
     missing = ModelError(
         f"no trained reranker in {folder}",
         where="ARAG_RERANK__PROVIDER=trained",
-        fix="train it once with `arag train reranker` (about 15 minutes on 2 cores; `make serve` "
+        fix="train it once with `arag train reranker` (about 35 minutes on 2 cores; `make serve` "
         "does it on first run), or set ARAG_RERANK__PROVIDER=none to search without reranking",
     )
     return read_model_card(folder, ModelCard, missing=missing, what="reranker", retrain=RETRAIN)

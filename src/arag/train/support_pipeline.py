@@ -387,6 +387,7 @@ class VerifierEvaluator:
     max_length: int | None = None
     unit: str = "pairs"
     metric: str = "auc"
+    budget_ms: float | None = None
 
     @property
     def size(self) -> int:

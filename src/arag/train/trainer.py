@@ -173,6 +173,9 @@ class Evaluator(Protocol):
     metric: str
     # The models' max length at query time (None: the card's).
     max_length: int | None
+    # The time ``score`` may take per unit at query time (ms; None: no budget). With
+    # ``--quantize auto`` an fp32 model over it is not kept, whatever int8's drop.
+    budget_ms: float | None
 
     @property
     def size(self) -> int:
@@ -244,7 +247,8 @@ def train_and_install(
 ) -> ModelCard:
     """Train on ``mined``, export fp32 and int8, check the export, score both with ``evaluator``,
     keep int8 when ``cfg.quantize`` says so (``auto``: when its drop in the evaluator's metric is at
-    most ``cfg.max_int8_ndcg_drop``), and install it in ``out_dir`` with ``make_card``'s card.
+    most ``cfg.max_int8_ndcg_drop``, or when fp32 is over the evaluator's time budget), and install
+    it in ``out_dir`` with ``make_card``'s card.
     ``prefix``: of the work folder beside ``out_dir``, removed unless installed."""
     with progress("training", "steps") as bar:
         net, stats = train_net(mined, cfg, on_start=bar.start, on_step=bar.advance)
@@ -274,7 +278,9 @@ def train_and_install(
                 scores, ms = evaluator.score(model, bar)
             runs[name] = Run(scores, ms, evaluator.metrics(scores))
         drop = runs["fp32"].metrics[evaluator.metric] - runs["int8"].metrics[evaluator.metric]
-        use_int8 = cfg.quantize == "int8" or (cfg.quantize == "auto" and drop <= cfg.max_int8_ndcg_drop)
+        over_budget = evaluator.budget_ms is not None and runs["fp32"].ms > evaluator.budget_ms
+        holds = drop <= cfg.max_int8_ndcg_drop
+        use_int8 = cfg.quantize == "int8" or (cfg.quantize == "auto" and (holds or over_budget))
         chosen = "int8" if use_int8 else "fp32"
         shutil.copyfile(int8 if use_int8 else fp32, work / MODEL_FILE)
         for f in (fp32, int8):
