@@ -28,7 +28,7 @@ from arag.models.abstention import (
     save_rule,
     signals,
 )
-from arag.models.reranker import IdentityReranker
+from arag.models.reranker import Bars, IdentityReranker, reranker_scale, score_scale, settings_scale
 from arag.records import Answer, Citation, NodeEvent, UsedChunk
 from arag.retrieval.hybrid import HybridRetriever
 from arag.retrieval.pipeline import make_reranking_retriever
@@ -44,6 +44,7 @@ from arag.train.abstention_fit import (
     load_cases,
     nested_gain,
     shares,
+    traced_scale,
 )
 
 
@@ -206,12 +207,16 @@ def declines(rule: AbstentionRule, values: dict[str, float]) -> bool:
 # --- the rule ---------------------------------------------------------------------------------------
 
 
-def _rule(threshold: float = 0.5, weight: float = -2.0, bias: float = 0.0) -> AbstentionRule:
+def _rule(
+    threshold: float = 0.5, weight: float = -2.0, bias: float = 0.0, fit: dict[str, object] | None = None
+) -> AbstentionRule:
     # Declines when the best score is low: one feature on, the others zero.
     d = len(FEATURES)
     weights = [0.0] * d
     weights[FEATURES.index("best_score")] = weight
-    return AbstentionRule(mean=[0.0] * d, scale=[1.0] * d, weights=weights, bias=bias, threshold=threshold)
+    return AbstentionRule(
+        mean=[0.0] * d, scale=[1.0] * d, weights=weights, bias=bias, threshold=threshold, fit=fit or {}
+    )
 
 
 def test_rule_probability_and_decision() -> None:
@@ -248,16 +253,41 @@ def test_rule_file_errors_name_the_fix(tmp_path: Path) -> None:
 
 
 def test_settings_select_the_rule(tmp_path: Path) -> None:
-    s = Settings(data_dir=tmp_path)
+    s = Settings(data_dir=tmp_path, rerank={"provider": "none"})
     assert get_abstention(s) is None  # auto, none fit
     with pytest.raises(ModelError):
         get_abstention(
             s.model_copy(update={"abstention": s.abstention.model_copy(update={"provider": "fitted"})})
         )
-    save_rule(s.abstention_path, _rule())
+    save_rule(s.abstention_path, _rule(fit={"reranker": settings_scale(s)}))
     assert get_abstention(s) is not None
     none = s.model_copy(update={"abstention": s.abstention.model_copy(update={"provider": "none"})})
     assert get_abstention(none) is None
+
+
+def test_a_rule_holds_only_for_the_reranker_scale_it_was_fit_on(tmp_path: Path) -> None:
+    s = Settings(data_dir=tmp_path, rerank={"provider": "none"})
+    assert settings_scale(s) == reranker_scale(IdentityReranker()) == "none, fusion weight 0"
+    fit = "trained:minilm-l6-qasper-6f527fa7@112, fusion weight 1, bars -1.925 / -1.271"
+    assert score_scale("trained:minilm-l6-qasper-6f527fa7", 112, 1.0, Bars(lower=-1.925, upper=-1.271)) == fit
+    save_rule(s.abstention_path, _rule(fit={"reranker": fit}))
+    with pytest.raises(ModelError, match="ranked by the reranker trained:minilm") as err:
+        get_abstention(s)
+    assert "ARAG_ABSTENTION__PROVIDER=none" in err.value.fix and "arag train abstention" in err.value.fix
+    # Bars, a fusion weight or a length set in the settings move the scores too.
+    moved = Settings(data_dir=tmp_path, rerank={"provider": "none", "fusion_weight": 0.5})
+    assert settings_scale(moved) == "none, fusion weight 0.5"
+    save_rule(s.abstention_path, _rule(fit={"reranker": settings_scale(s)}))
+    with pytest.raises(ModelError, match="fusion weight 0.5"):
+        get_abstention(moved)
+    # A rule that does not say (an older arag's) is refused when on; a rule that is off declines
+    # nothing and is read whatever the reranker.
+    save_rule(s.abstention_path, _rule())
+    with pytest.raises(ModelError, match="older arag"):
+        get_abstention(s)
+    save_rule(s.abstention_path, _rule(threshold=math.inf, fit={"reranker": fit}))
+    off = get_abstention(s)
+    assert off is not None and not off.active
 
 
 # --- the fit ----------------------------------------------------------------------------------------
@@ -443,6 +473,23 @@ def test_load_cases_refuses_traces_answered_with_a_rule_or_without_signals(tmp_p
         load_cases(tmp_path / "none.jsonl", qs)
 
 
+def test_traced_scale_is_the_traces_reranker_and_refuses_a_mix(tmp_path: Path) -> None:
+    qs = [_question("a", False), _question("b", True)]
+    path = tmp_path / "t.jsonl"
+    a, b = "trained:m@112, fusion weight 1", "trained:m@128, fusion weight 1"
+    path.write_text(json.dumps(_trace_row("a", reranker=a)) + "\n" + json.dumps(_trace_row("b", reranker=a)))
+    assert traced_scale(path, qs) == a
+    # Naive RAG's rows rerank nothing and are not what a rule is fit on.
+    with path.open("a") as fh:
+        fh.write("\n" + json.dumps(_trace_row("a", config="naive", reranker=None)))
+    assert traced_scale(path, qs) == a
+    path.write_text(json.dumps(_trace_row("a")))
+    assert traced_scale(path, qs) is None  # an older arag's traces do not say
+    path.write_text(json.dumps(_trace_row("a", reranker=a)) + "\n" + json.dumps(_trace_row("b", reranker=b)))
+    with pytest.raises(InputError, match="different rerankers"):
+        traced_scale(path, qs)
+
+
 # --- the agent's step -------------------------------------------------------------------------------
 
 
@@ -504,11 +551,23 @@ def test_train_abstention_on_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyP
     traces = tmp_path / "fit.jsonl"
     traces.write_text("\n".join(rows))
     monkeypatch.setenv("ARAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("ARAG_RERANK__PROVIDER", "none")
     r = CliRunner().invoke(app, ["train", "abstention", "--traces", str(traces), "--questions", str(qfile)])
     assert r.exit_code == 0, r.output
     assert "the rule is on" in r.output and "AUC" in r.output
+    # Traces that do not name their reranker: recorded with the one in use, and said so.
+    assert "do not name the reranker" in r.output
     rule = load_rule(tmp_path / "data" / "models" / "abstention.json")
     assert rule.active and rule.fit["after_cv"]["declined_unanswerable"] == 1.0
+    assert rule.fit["reranker"] == "none, fusion weight 0"
+    # Traces of another reranker: the rule is theirs, with a warning that it is refused until it is back.
+    other = "trained:m@112, fusion weight 1"
+    named = tmp_path / "named.jsonl"
+    named.write_text("\n".join(json.dumps({**json.loads(row), "reranker": other}) for row in rows))
+    r = CliRunner().invoke(app, ["train", "abstention", "--traces", str(named), "--questions", str(qfile)])
+    assert r.exit_code == 0, r.output
+    assert "will be refused" in r.output
+    assert load_rule(tmp_path / "data" / "models" / "abstention.json").fit["reranker"] == other
     assert rule.fit["fit_on"].startswith("questions_train.json: held-out train papers")
     # Traces of other papers' questions are not named as the held-out split.
     qfile.write_text(

@@ -528,16 +528,29 @@ def test_cli_scores_the_answers_a_rule_declined_without_it(
     monkeypatch.setattr(answers_cli, "_make_llm", lambda settings: scripted())
     # A rule that declines every answer it sees (bias 1e6): what it withheld is scored paired.
     d = len(FEATURES)
-    rule = AbstentionRule(mean=[0.0] * d, scale=[1.0] * d, weights=[0.0] * d, bias=1e6, threshold=0.5)
+    # Fit on answers ranked as these are: no reranker, the fused order.
+    scale = "none, fusion weight 0"
+    rule = AbstentionRule(
+        mean=[0.0] * d, scale=[1.0] * d, weights=[0.0] * d, bias=1e6, threshold=0.5, fit={"reranker": scale}
+    )
     save_rule(tmp_path / "rule.json", rule)
     monkeypatch.setenv("ARAG_ABSTENTION__PROVIDER", "fitted")
     monkeypatch.setenv("ARAG_ABSTENTION__PATH", str(tmp_path / "rule.json"))
     args = ["eval", "answers", "--questions", str(questions_file), "--configs", "full"]
+    # A rule fit with another reranker reads scores on another scale: refused, with the way to refit.
+    save_rule(
+        tmp_path / "rule.json",
+        rule.model_copy(update={"fit": {"reranker": "trained:x@128, fusion weight 1"}}),
+    )
+    res = runner.invoke(app, args)
+    assert res.exit_code != 0 and "trained:x@128" in res.output and "arag train abstention" in res.output
+    save_rule(tmp_path / "rule.json", rule)
     res = runner.invoke(
         app, [*args, "--json", str(tmp_path / "s.json"), "--traces", str(tmp_path / "t.jsonl")]
     )
     assert res.exit_code == 0, res.output
     rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert {r["reranker"] for r in rows} == {scale}
     declined = [r for r in rows if any(d["node"] == "abstention" and d["decision"].startswith("abstain:")
                                        for d in r["decisions"])]  # fmt: skip
     assert declined and all(r["abstained"] for r in declined)

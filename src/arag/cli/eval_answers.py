@@ -310,7 +310,7 @@ def eval_answers(
     from arag.library.manage import list_papers, open_retrieval
     from arag.models.abstention import get_abstention
     from arag.models.reader import get_reader
-    from arag.models.reranker import get_reranker
+    from arag.models.reranker import get_reranker, reranker_scale
 
     if scope not in ("library", "paper"):
         raise InputError(f"unknown scope {scope!r}", where="--scope", fix="use library or paper")
@@ -368,6 +368,7 @@ def eval_answers(
     out = traces.open("w", encoding="utf-8") if traces else None
     try:
         reranker = get_reranker(settings)  # loaded once, shared by every configuration
+        scale = reranker_scale(reranker)
         reader = get_reader(settings)
         readers = reader.name if reader is not None else None
         rule = get_abstention(settings)
@@ -439,6 +440,7 @@ def eval_answers(
                         support_threshold=settings.agent.support_threshold,
                         error=error,
                     )
+                    row.reranker = None if c == "naive" else scale  # naive RAG reranks nothing
                     rows.append(row)
                     if out is not None:
                         out.write(row.model_dump_json() + "\n")

@@ -40,7 +40,8 @@ def train_abstention_cmd(
     from arag.corpus.qasper_questions import HELD_OUT_NAME, default_questions_path, held_out_paper
     from arag.eval.answers import load_answer_questions
     from arag.models.abstention import save_rule
-    from arag.train.abstention_fit import fit_rule, load_cases
+    from arag.models.reranker import settings_scale
+    from arag.train.abstention_fit import fit_rule, load_cases, traced_scale
 
     settings = load_settings()
     qpath = questions or default_questions_path("train")
@@ -50,7 +51,24 @@ def train_abstention_cmd(
     # Named as the split it is: the held-out train papers only when every traced question is of one.
     held = all(held_out_paper(paper[c.question_id]) for c in cases)
     split = f"{qpath.name}: {HELD_OUT_NAME}" if held else qpath.name
-    rule = fit_rule(cases, fit_on=f"{split} ({traces.name})")
+    installed = settings_scale(settings)
+    scale = traced_scale(traces, qs)
+    if scale is None:
+        scale = installed
+        console.print(
+            "[yellow]note:[/] the traces do not name the reranker they were answered with (an older "
+            f"arag wrote them): the rule is recorded as fit with the one in use, {scale}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    elif scale != installed:
+        console.print(
+            f"[yellow]warning:[/] the traces were answered with {scale}, and the reranker in use is "
+            f"{installed}: a rule that is on will be refused until that reranker is back",
+            highlight=False,
+            soft_wrap=True,
+        )
+    rule = fit_rule(cases, fit_on=f"{split} ({traces.name})", reranker=scale)
     save_rule(settings.abstention_path, rule)
     f = rule.fit
     table = Table(
@@ -77,7 +95,8 @@ def train_abstention_cmd(
     )
     console.print(
         f"AUC of the decline probability for unanswerable questions (cross-validated): "
-        f"{f['auc_unanswerable_cv']}; the rule is {state}; stored in {settings.abstention_path}",
+        f"{f['auc_unanswerable_cv']}; the rule is {state}; stored in {settings.abstention_path}, for "
+        f"answers ranked by {scale}",
         soft_wrap=True,
         highlight=False,
     )

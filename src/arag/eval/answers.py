@@ -332,6 +332,9 @@ class TraceRow(BaseModel):
     error: str | None = None
     # The abstention rule's inputs (arag.models.abstention.signals), for `arag train abstention`.
     signals: dict[str, float] = Field(default_factory=dict)
+    # The scale of the rerank scores among them (arag.models.reranker.score_scale): a rule fit on
+    # these answers holds for that reranker only.
+    reranker: str | None = None
 
 
 def traced_answers(

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from arag.errors import ModelError
+from arag.models.reranker import settings_scale
 from arag.records import Answer, NodeEvent
 from arag.settings import Settings
 from arag.text import tokenize
@@ -190,4 +191,27 @@ def get_abstention(settings: Settings) -> AbstentionRule | None:
     path = settings.abstention_path
     if s.provider == "auto" and not path.is_file():
         return None
-    return load_rule(path)
+    rule = load_rule(path)
+    if rule.active:
+        check_scale(rule, settings_scale(settings), where=str(path))
+    return rule
+
+
+def check_scale(rule: AbstentionRule, scale: str, *, where: str) -> None:
+    """A ModelError unless ``rule`` was fit on answers whose rerank scores are on ``scale``
+    (:func:`arag.models.reranker.score_scale`): its weights and threshold read those scores, and
+    another reranker, length, fusion weight or bars moves them."""
+    fit = rule.fit.get("reranker")
+    if fit == scale:
+        return
+    refit = (
+        "trace the held-out questions again with this reranker (`ARAG_ABSTENTION__PROVIDER=none arag eval "
+        f"answers --questions <train file> --held-out --configs full --traces FILE`), then `{FIT}`; or set "
+        "ARAG_ABSTENTION__PROVIDER=none"
+    )
+    said = f"the reranker {fit}" if fit else "a reranker it does not name (fit by an older arag)"
+    raise ModelError(
+        f"the abstention rule was fit on answers ranked by {said}, and the reranker in use is {scale}",
+        where=where,
+        fix=refit,
+    )

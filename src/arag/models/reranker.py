@@ -200,6 +200,7 @@ class HubCrossEncoder:
         self.name = f"cross-encoder:{model}"
         self.bars: Bars | None = None
         self.fusion_weight = 0.0
+        self.max_length = max_length
 
     def score(self, query: str, passages: Sequence[str]) -> np.ndarray:
         if not passages:
@@ -220,17 +221,53 @@ def get_reranker(settings: Settings) -> Reranker:
         reranker = HubCrossEncoder(rs.model, threads=rs.threads, max_length=rs.max_length)
     else:  # pragma: no cover - pydantic rejects other values
         raise ConfigError(f"unknown reranker {rs.provider!r}", where="ARAG_RERANK__PROVIDER", fix="")
+    reranker.fusion_weight, reranker.bars = _calibration(settings, reranker.fusion_weight, reranker.bars)
+    return reranker
+
+
+def _calibration(settings: Settings, fusion_weight: float, bars: Bars | None) -> tuple[float, Bars | None]:
+    """The fusion weight and bars in use: the settings' where given, else the model's."""
+    rs = settings.rerank
     if rs.fusion_weight is not None:
-        reranker.fusion_weight = rs.fusion_weight
+        fusion_weight = rs.fusion_weight
     if rs.lower_bar is not None or rs.upper_bar is not None:
-        base = reranker.bars
-        lower = rs.lower_bar if rs.lower_bar is not None else (base.lower if base else None)
-        upper = rs.upper_bar if rs.upper_bar is not None else (base.upper if base else None)
+        lower = rs.lower_bar if rs.lower_bar is not None else (bars.lower if bars else None)
+        upper = rs.upper_bar if rs.upper_bar is not None else (bars.upper if bars else None)
         if lower is None or upper is None:
             raise ConfigError(
                 "only one rerank bar is set and the model has none to complete it",
                 where="ARAG_RERANK__LOWER_BAR / ARAG_RERANK__UPPER_BAR",
                 fix="set both bars",
             )
-        reranker.bars = Bars(lower=lower, upper=upper)
-    return reranker
+        bars = Bars(lower=lower, upper=upper)
+    return fusion_weight, bars
+
+
+def score_scale(name: str, max_length: int | None, fusion_weight: float, bars: Bars | None) -> str:
+    """What a final rerank score means: the model, the length its pairs are cut to, the fusion weight
+    and the bars. Anything fit on final scores (the calibrated abstention) holds on this scale only."""
+    head = f"{name}@{max_length}" if max_length else name
+    tail = f", bars {bars.lower:g} / {bars.upper:g}" if bars is not None else ""
+    return f"{head}, fusion weight {fusion_weight:g}{tail}"
+
+
+def reranker_scale(reranker: Reranker) -> str:
+    """:func:`score_scale` of a loaded reranker."""
+    length = getattr(reranker, "max_length", None)
+    return score_scale(reranker.name, length, reranker.fusion_weight, reranker.bars)
+
+
+def settings_scale(settings: Settings) -> str:
+    """:func:`score_scale` of the reranker the settings select, read from its card without loading
+    the model (what :func:`get_reranker` would give)."""
+    rs = settings.rerank
+    if rs.provider == "trained":
+        card = read_card(settings.reranker_dir)
+        length = rs.max_length or card.inference_max_length or card.max_length
+        weight, bars = _calibration(settings, card.fusion_weight, card.bars)
+        return score_scale(f"trained:{card.model_id}", length, weight, bars)
+    if rs.provider == "cross-encoder":
+        weight, bars = _calibration(settings, 0.0, None)
+        return score_scale(f"cross-encoder:{rs.model}", rs.max_length, weight, bars)
+    weight, bars = _calibration(settings, IdentityReranker.fusion_weight, IdentityReranker.bars)
+    return score_scale(IdentityReranker.name, None, weight, bars)

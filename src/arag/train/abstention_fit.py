@@ -179,10 +179,12 @@ def shares(cases: Sequence[Case], declined: set[str]) -> dict[str, float | None]
     }
 
 
-def fit_rule(cases: Sequence[Case], *, fit_on: str) -> AbstentionRule:
+def fit_rule(cases: Sequence[Case], *, fit_on: str, reranker: str | None = None) -> AbstentionRule:
     """The rule: a model fit on every answered case, the threshold chosen on cross-validated
     probabilities, off when the nested estimate (:func:`nested_gain`) gains under MIN_GAIN_ANSWERS;
-    and the figures of the fit (the "after" shares are the nested decisions')."""
+    and the figures of the fit (the "after" shares are the nested decisions'). ``reranker``: the
+    scale of the traces' rerank scores (:func:`arag.models.reranker.score_scale`), which the rule
+    then requires."""
     answered = [c for c in cases if c.x is not None]
     if len(answered) < FOLDS * 2:
         raise InputError(
@@ -205,6 +207,7 @@ def fit_rule(cases: Sequence[Case], *, fit_on: str) -> AbstentionRule:
     cv_auc = auc(list(probs), [c.unanswerable for c in answered])
     figures: dict[str, Any] = {
         "fit_on": fit_on,
+        "reranker": reranker,
         "questions": n,
         "answered": len(answered),
         "unanswerable": sum(c.unanswerable for c in cases),
@@ -266,3 +269,17 @@ def load_cases(traces: Path, questions: Sequence[AnswerQuestion], *, config: str
             )
         )
     return cases
+
+
+def traced_scale(traces: Path, questions: Sequence[AnswerQuestion], *, config: str = "full") -> str | None:
+    """The scale of the rerank scores the traced answers were given with (None: traces of an older
+    arag, which did not say); an InputError when they were answered with different rerankers."""
+    scales = {row.reranker for _, row, _ in traced_answers(traces, questions, config=config)}
+    if len(scales) > 1:
+        named = "; ".join(sorted(str(s) for s in scales))
+        raise InputError(
+            f"the traces were answered with different rerankers ({named})",
+            where=str(traces),
+            fix="fit on traces of one reranker: trace the questions again with the one in use",
+        )
+    return next(iter(scales), None)
