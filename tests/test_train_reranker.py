@@ -19,7 +19,7 @@ from arag.corpus.qasper_questions import HELD_OUT_NAME, held_out_paper, load_que
 from arag.errors import ModelError
 from arag.library.manage import list_papers
 from arag.models.onnx_files import CARD_FILE, MODEL_FILE, file_sha256
-from arag.models.reranker import ModelCard, OnnxReranker, get_reranker
+from arag.models.reranker import ModelCard, OnnxReranker, get_reranker, reranker_scale, settings_scale
 from arag.settings import Settings, get_settings
 from arag.train.reranker import TrainConfig
 from arag.train.reranker_pipeline import calibration_split, recalibrate, train_reranker
@@ -83,6 +83,17 @@ def test_get_reranker_loads_and_scores(lib: Settings, trained: ModelCard) -> Non
     reranker = get_reranker(lib.model_copy(update={"rerank": lib.rerank.model_copy(update={"threads": 1})}))
     assert isinstance(reranker, OnnxReranker)
     assert reranker.name == f"trained:{trained.model_id}" and reranker.bars == trained.bars
+    # The scale an abstention rule is fit on, read from the card alone, is the loaded model's;
+    # a length or fusion weight set in the settings changes both alike.
+    assert settings_scale(lib) == reranker_scale(reranker)
+    assert f"@{trained.inference_max_length or trained.max_length}," in settings_scale(lib)
+    moved = lib.model_copy(
+        update={
+            "rerank": lib.rerank.model_copy(update={"threads": 1, "max_length": 64, "fusion_weight": 0.25})
+        }
+    )
+    assert settings_scale(moved) == reranker_scale(get_reranker(moved))
+    assert "@64, fusion weight 0.25" in settings_scale(moved)
     scores = reranker.score(
         "In the paper 'X': which datasets do they use?",
         ["Experiments: We evaluate on SQuAD and TriviaQA.", "Acknowledgements: We thank the reviewers.", ""],

@@ -61,6 +61,14 @@ class ModelCard(TrainedCard):
     fusion_weight: float = 0.0
     calibration: dict[str, Any] = Field(default_factory=dict)
 
+    @property
+    def reranker_name(self) -> str:
+        return f"trained:{self.model_id}"
+
+    def query_length(self, override: int | None = None) -> int:
+        """Word-pieces per pair at query time: ``override`` (the settings'), else the card's."""
+        return override or self.inference_max_length or self.max_length
+
 
 replace_card = replace_model_card
 
@@ -156,10 +164,10 @@ class OnnxReranker:
             what="reranker",
             retrain=RETRAIN,
         )
-        self.name = f"trained:{self.card.model_id}"
+        self.name = self.card.reranker_name
         self.bars: Bars | None = self.card.bars
         self.fusion_weight = self.card.fusion_weight
-        self.max_length = max_length or self.card.inference_max_length or self.card.max_length
+        self.max_length = self.card.query_length(max_length)
         self._tok = load_pair_tokenizer(self.max_length)
         self._lock = threading.Lock()  # tokenizers' padding state is per object
         self._inputs = {i.name for i in self._session.get_inputs()}
@@ -263,9 +271,8 @@ def settings_scale(settings: Settings) -> str:
     rs = settings.rerank
     if rs.provider == "trained":
         card = read_card(settings.reranker_dir)
-        length = rs.max_length or card.inference_max_length or card.max_length
         weight, bars = _calibration(settings, card.fusion_weight, card.bars)
-        return score_scale(f"trained:{card.model_id}", length, weight, bars)
+        return score_scale(card.reranker_name, card.query_length(rs.max_length), weight, bars)
     if rs.provider == "cross-encoder":
         weight, bars = _calibration(settings, 0.0, None)
         return score_scale(f"cross-encoder:{rs.model}", rs.max_length, weight, bars)
