@@ -153,8 +153,10 @@ def test_exit_causes_name_the_signal() -> None:
 def test_no_model_process_outlives_its_parent(tmp_path: Path, how: str) -> None:
     script = textwrap.dedent(
         f"""
-        import sys, time
+        import faulthandler, signal, sys, time
         from pathlib import Path
+        # The test asks for every thread's stack (SIGUSR1) if this process does not exit in time.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         from arag.llm.local import LocalLLM
         from arag.settings import LLMSettings
         llm = LocalLLM(Path("m.gguf"), LLMSettings(start_timeout_s=20), name="fake",
@@ -165,7 +167,9 @@ def test_no_model_process_outlives_its_parent(tmp_path: Path, how: str) -> None:
         time.sleep(60)
         """
     )
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
@@ -175,7 +179,14 @@ def test_no_model_process_outlives_its_parent(tmp_path: Path, how: str) -> None:
             parent.send_signal(getattr(signal, how))
         # stop() may take 20 s at worst (SIGTERM, 5 s, SIGKILL, 5 s, the monitor joined in 10 s):
         # under a loaded CI the parent once needed more than 20 s after SIGINT; wait past that bound.
-        parent.wait(40)
+        try:
+            parent.wait(40)
+        except subprocess.TimeoutExpired:
+            parent.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            parent.kill()
+            _, stacks = parent.communicate(timeout=10)
+            pytest.fail(f"the parent did not exit within 40 s of {how}; its threads:\n{stacks}")
         assert wait_dead(child), f"the model process {child} outlived its parent ({how})"
     finally:
         if parent.poll() is None:
