@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,9 +98,81 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+class PlainProgress:
+    """Progress as plain lines, for a stderr that is not a terminal (a log file, CI): rich draws no
+    bar there, and a 30-minute training printed nothing until it ended. A line at the start, at each
+    tenth of the work (``min_gap_s`` apart at least: a fast stage is not ten lines), every
+    ``interval_s`` seconds between tenths, and where it ended."""
+
+    def __init__(
+        self,
+        label: str,
+        unit: str,
+        write: Callable[[str], None],
+        *,
+        interval_s: float = 60.0,
+        min_gap_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.label, self.unit, self.write = label, unit, write
+        self.interval_s, self.min_gap_s, self.clock = interval_s, min_gap_s, clock
+        self.total: int | None = None
+        self.done = 0
+        self.t0 = self.last = clock()
+        self.tenths = 0
+        self.reported = 0
+
+    def start(self, total: int) -> None:
+        self.total = total
+        self.write(f"{self.label}: 0/{total} {self.unit}")
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        now = self.clock()
+        tenths = self.done * 10 // self.total if self.total else 0
+        gap = now - self.last
+        if (tenths > self.tenths and gap >= self.min_gap_s) or gap >= self.interval_s:
+            self.tenths = tenths
+            self.report(now)
+
+    def finish(self) -> None:
+        if self.done != self.reported:
+            self.report(self.clock())
+
+    def report(self, now: float) -> None:
+        self.last, self.reported = now, self.done
+        elapsed = now - self.t0
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        of = f"/{self.total}" if self.total else ""
+        pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
+        eta = ""
+        if self.total and rate > 0 and self.done < self.total:
+            eta = f", ETA {format_seconds((self.total - self.done) / rate)}"
+        self.write(
+            f"{self.label}: {self.done}{of} {self.unit}{pct}, {rate:.3g} {self.unit}/s, "
+            f"{format_seconds(elapsed)} elapsed{eta}"
+        )
+
+
+def format_seconds(seconds: float) -> str:
+    """``seconds`` as h:mm:ss."""
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
 @contextmanager
 def build_progress(label: str, unit: str = "papers") -> Iterator[BuildProgress]:
-    """A rich progress bar (count, rate, ETA) wired to the builder's callbacks."""
+    """A rich progress bar (count, rate, ETA) wired to the builder's callbacks; plain lines
+    (:class:`PlainProgress`) where stderr is not a terminal."""
+    if not err_console.is_terminal:
+        plain = PlainProgress(
+            label, unit, lambda line: err_console.print(line, highlight=False, markup=False, soft_wrap=True)
+        )
+        try:
+            yield BuildProgress(start=plain.start, advance=plain.advance)
+        finally:
+            plain.finish()
+        return
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
