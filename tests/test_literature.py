@@ -13,7 +13,7 @@ import pytest
 
 from arag.agent import build_agent, prompts
 from arag.agent.deps import AgentDeps
-from arag.agent.literature import Point, about, addresses, focus_terms, group_points
+from arag.agent.literature import Point, about, addresses, focus_terms, group_points, point_score
 from arag.agent.planner import make_planner, plan_rules, protect, repair_ids, validate_llm_plan
 from arag.agent.reformulator import make_reformulator, reformulate_rules
 from arag.agent.state import Grade
@@ -282,6 +282,17 @@ def test_addresses_needs_the_names_and_most_terms() -> None:
     assert capital == ["capit", "australia"]
     assert not addresses(["GeoQA relations such as capital-of link states and cities."], capital, [])
     assert addresses(["Canberra is the capital of Australia."], capital, [])
+
+
+def test_a_point_that_ends_where_its_list_begins_loses_to_a_whole_one() -> None:
+    terms = ["bert", "question", "answer"]
+    dangling = "We apply our unanswerable questions to the following BERT question answering models:"
+    whole = "We fine-tune BERT on SQuAD, and question answering F1 rises by 2 points."
+    assert point_score(whole, terms, abstract=False) > point_score(dangling, terms, abstract=False)
+    # Without the colon the first sentence would have won: it holds more of the terms.
+    assert point_score(dangling.rstrip(":") + ".", terms, abstract=False) > point_score(
+        whole, terms, abstract=False
+    )
 
 
 def test_group_points_by_approach() -> None:
