@@ -3,6 +3,7 @@ grader, reformulator, context, synthesizer, verifier and the support scorers."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import pytest
@@ -26,7 +27,14 @@ from arag.agent.router import make_about, make_direct, make_router, route_edge, 
 from arag.agent.state import AgentState, ContextPassage, Draft, Evidence, Grade, QueryOutcome
 from arag.agent.support import LexicalSupport, LLMJudgeSupport, SupportScorer
 from arag.agent.synthesizer import check_llm_draft, extractive_draft, parse_reply
-from arag.agent.terms import cited_numbers, clean_citations, entities, is_placeholder, key_terms
+from arag.agent.terms import (
+    cited_numbers,
+    clean_citations,
+    entities,
+    is_placeholder,
+    key_terms,
+    strip_placeholders,
+)
 from arag.agent.verifier import abstain_text, make_verifier, verify_claims
 from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
@@ -383,6 +391,26 @@ def test_terms_helpers() -> None:
     assert clean_citations("A [1]. B [9]. C [1, 9][2-3].", [1, 2, 3]) == ("A [1]. B. C [1] [2, 3].", 2)
     assert cited_numbers("a [3] b [1,2] c [2-4]") == [3, 1, 2, 4]
     assert is_placeholder("BIBREF0") and is_placeholder("[1]") and not is_placeholder("BERT")
+
+
+@pytest.mark.parametrize(
+    ("text", "clean"),
+    [
+        ("This is shown in BIBREF12. We then train.", "This is shown in. We then train."),
+        ("the analysis in Table TABREF14 ).", "the analysis in Table)."),
+        ("CRF models (BIBREF4) and LSTMs ( BIBREF5 , BIBREF6 ) do well", "CRF models and LSTMs do well"),
+        ("as used by BIBREF12, BIBREF13.", "as used by."),
+        (
+            "a ratio of 3:1, and (1) the first; (b) the second",
+            "a ratio of 3:1, and (1) the first; (b) the second",
+        ),
+    ],
+)
+def test_placeholders_leave_no_stray_marks(text: str, clean: str) -> None:
+    out = strip_placeholders(text)
+    assert out == clean
+    # Only marks go: the words, which every lexical check reads, are the same.
+    assert re.findall(r"\w+", out) == [w for w in re.findall(r"\w+", text) if not re.match(r"[A-Z]+REF\d", w)]
 
 
 # --- grader ------------------------------------------------------------------------------------

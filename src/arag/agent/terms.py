@@ -77,9 +77,20 @@ def has_entity(entity: str, text_lower: str) -> bool:
     )
 
 
+_EMPTY_PARENS = re.compile(r"\s*\(\s*(?:[,;]\s*)*\)")
+_SPACE_BEFORE = re.compile(r"\s+([.,;:)])")
+_PUNCT_RUN = re.compile(r"([,;:])(?:\s*[,;:])+")
+_PUNCT_BEFORE_STOP = re.compile(r"[,;:]+(?=\.)")
+
+
 def strip_placeholders(text: str) -> str:
-    """Remove S2ORC's BIBREF0 / TABREF1 / ... stand-ins (meaningless in an answer)."""
-    return re.sub(r"\s+([.,;:])", r"\1", _PLACEHOLDER.sub("", text)).strip()
+    """Remove S2ORC's BIBREF0 / TABREF1 / ... stand-ins (meaningless in an answer), and the marks
+    they leave behind: "models () and", "in Table )", "by BIBREF1, BIBREF2." read "models and",
+    "in Table)", "by." (punctuation only: the words, and so every lexical check, stay the same)."""
+    t = _EMPTY_PARENS.sub("", _PLACEHOLDER.sub("", text))
+    t = _SPACE_BEFORE.sub(r"\1", t)
+    t = _PUNCT_BEFORE_STOP.sub("", _PUNCT_RUN.sub(r"\1", t))
+    return t.strip()
 
 
 def is_placeholder(text: str) -> bool:
