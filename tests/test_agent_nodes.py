@@ -34,6 +34,7 @@ from arag.agent.terms import (
     is_placeholder,
     key_terms,
     strip_placeholders,
+    unfinished,
 )
 from arag.agent.verifier import abstain_text, make_verifier, verify_claims
 from arag.llm.base import ChatMessage
@@ -411,6 +412,15 @@ def test_placeholders_leave_no_stray_marks(text: str, clean: str) -> None:
     assert out == clean
     # Only marks go: the words, which every lexical check reads, are the same.
     assert re.findall(r"\w+", out) == [w for w in re.findall(r"\w+", text) if not re.match(r"[A-Z]+REF\d", w)]
+
+
+def test_an_unfinished_sentence_is_one_that_cannot_stand_alone() -> None:
+    # Where its content begins (a list, an equation), or where a removed citation stood.
+    assert unfinished("We apply them to the following reading comprehension models:")
+    assert unfinished("The corpus is described in detail,")
+    assert unfinished(strip_placeholders("We use the splits as released by BIBREF12, BIBREF13."))
+    assert not unfinished("We fine-tune BERT on SQuAD and report F1.")
+    assert not unfinished("The ratio of positive to negative pairs is 3:1.")
 
 
 # --- grader ------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from arag.agent.terms import (
     strip_placeholders,
     strip_self_reference,
     term_words,
+    unfinished,
 )
 from arag.records import RankedPaper
 from arag.text import tokenize
@@ -82,8 +83,6 @@ _CUE = re.compile(
     re.I,
 )
 _ANAPHORA = re.compile(r"^\W*(?:it|this|these|those|they|such|there|however|thus|hence|therefore)\b", re.I)
-# A sentence that introduces what follows it ("... to the following models:") says nothing alone.
-_DANGLING = re.compile(r"[:;,]\s*$")
 POINT_MIN_WORDS, POINT_MAX_WORDS = 6, 60
 _REFERS_BACK = re.compile(r"\b(?:it|its|they|their|them|this\s+paper|these\s+papers|the\s+paper)\b", re.I)
 _QA_TOPIC = re.compile(r"\bquestion[- ]answering\b|\banswer(?:s|ing)?\s+(?:\w+\s+){0,2}questions\b", re.I)
@@ -204,12 +203,12 @@ def point_score(sentence: str, terms: Sequence[str], *, abstract: bool) -> float
     have = set(tokenize(sentence))
     share = sum(t in have for t in terms) / len(terms) if terms else 0.0
     # A sentence that says what the paper does beats one more on the topic; one that opens with a
-    # pronoun ("It is at the core of ...") reads badly out of its paragraph, and one that ends on a
-    # colon stops where its content (a list, an equation) begins.
+    # pronoun ("It is at the core of ...") reads badly out of its paragraph, and an unfinished one
+    # ("... the following models:") stops where its content begins.
     cue = 0.4 if _CUE.search(sentence) else 0.0
     anaphora = 0.2 if _ANAPHORA.match(sentence) else 0.0
-    dangling = 0.5 if _DANGLING.search(sentence) else 0.0
-    return share + cue - anaphora - dangling + (0.05 if abstract else 0.0)
+    cut = 0.5 if unfinished(sentence) else 0.0
+    return share + cue - anaphora - cut + (0.05 if abstract else 0.0)
 
 
 def draw_point(

@@ -33,6 +33,7 @@ from arag.agent.terms import (
     sentences,
     strip_instructions,
     strip_placeholders,
+    unfinished,
 )
 from arag.agent.verifier import verify_claims
 from arag.corpus.arxiv_ids import arxiv_url
@@ -108,7 +109,6 @@ CUES: dict[Aspect, re.Pattern[str]] = {
 ABSTRACT_LEADS = frozenset({"problem", "method", "data", "results"})
 # Sections about other papers' work: their sentences describe someone else's problem or method.
 _OTHERS = re.compile(r"related|background|previous|prior|other approaches|literature", re.I)
-_DANGLING = re.compile(r"\b(?:by|in|of|as|see|from|to|and|with|e\.g|i\.e)[.,;:]?\s*$", re.I)
 _PLACEHOLDER = re.compile(r"\b(?:BIBREF|TABREF|FIGREF|SECREF|EQREF|INLINEFORM|DISPLAYFORM)\d+")
 ASPECT_TOKENS = 320
 ANSWER_TOKENS = 100
@@ -217,7 +217,7 @@ def extractive_part(
         for j, sent in enumerate(sentences(raw)):
             clean = strip_placeholders(sent)
             words = clean.split()
-            if not 6 <= len(words) <= 60 or _DANGLING.search(clean) or not clean[:1].isupper():
+            if not 6 <= len(words) <= 60 or unfinished(clean) or not clean[:1].isupper():
                 continue
             phrasing = len(CUES[aspect].findall(clean))
             if phrasing == 0 or (used is not None and clean in used):

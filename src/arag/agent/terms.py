@@ -93,6 +93,16 @@ def strip_placeholders(text: str) -> str:
     return t.strip()
 
 
+# A sentence that does not stand alone out of its paragraph: it stops where its content begins
+# ("... to the following models:") or where a removed citation stood ("as used by.").
+_UNFINISHED = re.compile(r"(?:[:;,]|\b(?:by|in|of|as|see|from|to|and|with|e\.g|i\.e)[.,;:]?)\s*$", re.I)
+
+
+def unfinished(sentence: str) -> bool:
+    """The sentence ends on a colon, comma or semicolon, or on a word a removed citation followed."""
+    return _UNFINISHED.search(sentence) is not None
+
+
 def is_placeholder(text: str) -> bool:
     """A placeholder (or only citation markers) where an answer should be."""
     rest = CITE.sub("", _PLACEHOLDER.sub("", text)).strip(" .,;:()[]\"'")
