@@ -31,6 +31,7 @@ from arag.agent.terms import (
     cited_numbers,
     clean_citations,
     entities,
+    has_placeholder,
     is_placeholder,
     key_terms,
     strip_placeholders,
@@ -44,6 +45,7 @@ from arag.retrieval.hybrid import HybridResult
 from arag.retrieval.pipeline import SearchResult
 from arag.retrieval.resolve import PaperRef
 from arag.settings import AgentSettings
+from arag.text import tokenize
 
 # --- fixtures: chunks, evidence, passages, deps -------------------------------------------------
 
@@ -412,6 +414,13 @@ def test_placeholders_leave_no_stray_marks(text: str, clean: str) -> None:
     assert out == clean
     # Only marks go: the words, which every lexical check reads, are the same.
     assert re.findall(r"\w+", out) == [w for w in re.findall(r"\w+", text) if not re.match(r"[A-Z]+REF\d", w)]
+
+
+def test_the_stand_ins_are_one_pattern_for_the_index_and_the_answers() -> None:
+    text = "shown in BIBREF12 and Table TABREF3 with INLINEFORM0"
+    assert has_placeholder(text) and not has_placeholder("BIBREF alone, REF12, XBIBREF1")
+    # What the answers drop is what the BM25 tokenizer never indexed.
+    assert tokenize(strip_placeholders(text)) == tokenize(text) == ["shown", "tabl"]
 
 
 def test_an_unfinished_sentence_is_one_that_cannot_stand_alone() -> None:

@@ -38,8 +38,10 @@ _STOPWORDS_TEXT = """
 """
 STOPWORDS: frozenset[str] = frozenset(_STOPWORDS_TEXT.split())
 
-# S2ORC/QASPER stand-ins for citations, tables, figures, sections, equations and formulas.
-_PLACEHOLDER = re.compile(r"(?:BIBREF|TABREF|FIGREF|SECREF|EQREF|INLINEFORM|DISPLAYFORM)\d+", re.IGNORECASE)
+# S2ORC/QASPER stand-ins for citations, tables, figures, sections, equations and formulas; the one
+# spelling of them (agent/terms.py removes them from answers with the same pattern).
+PLACEHOLDER_PATTERN = r"(?:BIBREF|TABREF|FIGREF|SECREF|EQREF|INLINEFORM|DISPLAYFORM)\d+"
+_PLACEHOLDER = re.compile(PLACEHOLDER_PATTERN, re.IGNORECASE)
 # A token ending in a digit may continue with ".<digits>" (decimals, versions, arXiv ids).
 _TOKEN = re.compile(r"[^\W_]*\d(?:\.\d+)+|[^\W_]+")
 

@@ -29,6 +29,7 @@ from arag.agent.terms import (
     CITE,
     cited_numbers,
     clean_citations,
+    has_placeholder,
     key_terms,
     sentences,
     strip_instructions,
@@ -109,7 +110,6 @@ CUES: dict[Aspect, re.Pattern[str]] = {
 ABSTRACT_LEADS = frozenset({"problem", "method", "data", "results"})
 # Sections about other papers' work: their sentences describe someone else's problem or method.
 _OTHERS = re.compile(r"related|background|previous|prior|other approaches|literature", re.I)
-_PLACEHOLDER = re.compile(r"\b(?:BIBREF|TABREF|FIGREF|SECREF|EQREF|INLINEFORM|DISPLAYFORM)\d+")
 ASPECT_TOKENS = 320
 ANSWER_TOKENS = 100
 FALLBACK_SENTENCES = 3
@@ -224,7 +224,7 @@ def extractive_part(
                 continue
             hits = phrasing + 0.5 * len(terms & set(key_terms(clean)))
             score = hits + (1.0 if p.chunk.type == "abstract" and aspect != "limits" else 0.0)
-            score -= 0.3 * rank + (0.5 if _PLACEHOLDER.search(sent) else 0.0)
+            score -= 0.3 * rank + (0.5 if has_placeholder(sent) else 0.0)
             score -= 1.5 if p.chunk.section and _OTHERS.search(p.chunk.section) else 0.0
             if score > 0:
                 scored.append((score, p.n, j, clean))

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable
 
 from arag.ingest.splitter import split_sentences
-from arag.text import STOPWORDS, tokenize
+from arag.text import PLACEHOLDER_PATTERN, STOPWORDS, tokenize
 
 # Words every research question uses: they say nothing about what the passages must hold.
 _GENERIC_TEXT = """
@@ -24,7 +24,7 @@ _WORD = re.compile(r"[A-Za-z][A-Za-z0-9'\-]*|\d+(?:\.\d+)?")
 # Acronyms and mixed-case or alphanumeric names: BERT, SQuAD, GPT-2, F1, WikiText-103, ELMo.
 _NAME = re.compile(r"\b(?:[A-Za-z]*[A-Z][a-z]*[A-Z0-9][A-Za-z0-9]*(?:-[A-Za-z0-9]+)*|[A-Za-z]+-\d+)\b")
 _QUOTED = re.compile(r"(?<!\w)[\"“‘']([^\"“”‘’]{3,120}?)[\"”’'](?!\w)")
-_PLACEHOLDER = re.compile(r"\s*\b(?:BIBREF|TABREF|FIGREF|SECREF|EQREF|INLINEFORM|DISPLAYFORM)\d+\b", re.I)
+_PLACEHOLDER = re.compile(rf"\s*\b{PLACEHOLDER_PATTERN}\b", re.I)
 # [3], [1, 2], [1; 4], [2-3] markers.
 CITE = re.compile(r"\s*\[(\d+(?:\s*[,;\-–]\s*\d+)*)\]")
 # Capitalised words that are not names.
@@ -81,6 +81,11 @@ _EMPTY_PARENS = re.compile(r"\s*\(\s*(?:[,;]\s*)*\)")
 _SPACE_BEFORE = re.compile(r"\s+([.,;:)])")
 _PUNCT_RUN = re.compile(r"([,;:])(?:\s*[,;:])+")
 _PUNCT_BEFORE_STOP = re.compile(r"[,;:]+(?=\.)")
+
+
+def has_placeholder(text: str) -> bool:
+    """Whether ``text`` holds a BIBREF0 / TABREF1 / ... stand-in (what it said is not in the text)."""
+    return _PLACEHOLDER.search(text) is not None
 
 
 def strip_placeholders(text: str) -> str:
