@@ -28,6 +28,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from arag.errors import ModelError
+from arag.train.kernels import kernels_in_use
 from arag.train.reranker import OPSET, base_model_path, make_optimizer, optimizer_step, require_torch
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ class EmbedderTrainStats(BaseModel):
     examples_per_s: float
     first_loss: float
     final_loss: float
+    # avx2: the portable kernels (the same file on every x86-64 CPU); native-*: this CPU's own.
+    kernels: str = ""
 
 
 def build_bi_encoder() -> torch.nn.Module:
@@ -185,6 +188,7 @@ def train_bi_encoder(
         examples_per_s=round(n / seconds, 2) if seconds else 0.0,
         first_loss=round(float(np.mean(losses[:10])), 4),
         final_loss=round(float(np.mean(losses[-10:])), 4),
+        kernels=kernels_in_use(),
     )
 
 

@@ -4,7 +4,8 @@ Start: the packaged all-MiniLM-L6-v2 weights (as the reranker), cut to ``layers`
 a start/end logit per word-piece (the span), and a class head over the mean-pooled pair (what the
 passage holds: none, span, yes, no, free). The loss is the class cross-entropy plus, for a passage
 holding a gold span, the mean of the start and end cross-entropies over the passage's word-pieces.
-Fixed seed, fixed data order, fixed thread count: the same command gives the same weights."""
+Fixed seed, fixed data order, fixed thread count, pinned kernels (:mod:`arag.train.kernels`): the
+same command gives the same weights."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from arag.models.reader import (
     load_reader_tokenizer,
     passage_mask,
 )
+from arag.train.kernels import kernels_in_use
 from arag.train.reader_data import ReaderExample
 from arag.train.reranker import OPSET, base_model_path, make_optimizer, optimizer_step, require_torch
 
@@ -59,6 +61,8 @@ class ReaderStats(BaseModel):
     seconds: float
     pairs_per_s: float
     final_loss: float
+    # avx2: the portable kernels (the same file on every x86-64 CPU); native-*: this CPU's own.
+    kernels: str = ""
 
 
 def token_span(enc: Encoding, start: int, end: int) -> tuple[int, int] | None:
@@ -206,6 +210,7 @@ def train_reader_net(
         seconds=round(seconds, 1),
         pairs_per_s=round(len(plan) / seconds, 2) if seconds else 0.0,
         final_loss=round(float(np.mean(losses[-50:])), 4),
+        kernels=kernels_in_use(),
     )
 
 

