@@ -4,10 +4,10 @@ Training is deterministic on one machine (fixed seed, data order and threads), b
 inside a step depend on which kernels the libraries pick for the CPU: ATen's vectorised ops (AVX2
 or AVX-512), MKL's GEMMs and oneDNN's. Over ~700 steps a last-bit difference becomes another model:
 on 2026-12-05 a Xeon with AMX trained another reranker file than the AVX-512 machine of the day
-before (0.578 nDCG@10 against 0.583). Each library reads an environment variable that fixes its branch, once,
-at its first use, so :func:`pin_portable_kernels` must run before torch computes anything in the
-process (importing it is fine). AVX2 is what every x86-64 CPU since 2013-2015 has, the floor the
-portable llama.cpp build assumes too.
+before (0.578 nDCG@10 against 0.583). Each library reads an environment variable that fixes its
+branch, once, at its first use, so :func:`pin_portable_kernels` must run before torch computes
+anything in the process (importing it is fine). AVX2 is what every x86-64 CPU since 2013-2015 has,
+the floor the portable llama.cpp build assumes too.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import platform
-import sys
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -41,11 +40,8 @@ def pin_portable_kernels() -> None:
 
     Overrides values a user set: the point is that every machine trains the same file. A process
     where torch has already computed keeps its kernels; :func:`kernels_in_use` then says so."""
-    if not cpu_has_avx2():
-        return
-    if "torch" in sys.modules:
-        log.debug("torch is imported before its kernels were pinned; they hold if it has not run yet")
-    os.environ.update(PORTABLE_ENV)
+    if cpu_has_avx2():
+        os.environ.update(PORTABLE_ENV)
 
 
 def kernels_in_use() -> str:
