@@ -157,6 +157,9 @@ def test_no_model_process_outlives_its_parent(tmp_path: Path, how: str) -> None:
         from pathlib import Path
         # The test asks for every thread's stack (SIGUSR1) if this process does not exit in time.
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+        # A background job of a non-interactive shell (`make test &`) starts with SIGINT ignored, and
+        # Python then leaves it so: the test is about what Ctrl-C does, so ask for Ctrl-C's handler.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from arag.llm.local import LocalLLM
         from arag.settings import LLMSettings
         llm = LocalLLM(Path("m.gguf"), LLMSettings(start_timeout_s=20), name="fake",
