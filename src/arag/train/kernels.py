@@ -17,6 +17,8 @@ import os
 import platform
 from pathlib import Path
 
+from arag.llm.builds import read_cpu_flags
+
 log = logging.getLogger(__name__)
 
 # ATen's dispatch, MKL's Conditional Numerical Reproducibility branch, oneDNN's highest ISA.
@@ -28,11 +30,7 @@ def cpu_has_avx2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """Whether this x86-64 CPU lists AVX2 and FMA (False where it cannot be told)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    try:
-        flags = cpuinfo.read_text(encoding="utf-8", errors="replace").split()
-    except OSError:
-        return False
-    return "avx2" in flags and "fma" in flags
+    return {"avx2", "fma"} <= read_cpu_flags(cpuinfo)
 
 
 def pin_portable_kernels() -> None:
