@@ -16,9 +16,10 @@ from arag.agent.deps import AgentDeps
 from arag.agent.literature import Point, about, addresses, focus_terms, group_points, point_score
 from arag.agent.planner import make_planner, plan_rules, protect, repair_ids, validate_llm_plan
 from arag.agent.reformulator import make_reformulator, reformulate_rules
-from arag.agent.state import Grade
+from arag.agent.state import ContextPassage, Draft, Grade
 from arag.agent.support import LexicalSupport
-from arag.agent.terms import cited_numbers, entities, strip_self_reference
+from arag.agent.terms import cited_numbers, entities, reported, strip_citations, strip_self_reference
+from arag.agent.verifier import split_claims, verify_literature
 from arag.eval.open import TitleAbstractBM25, precision_at, recall_at
 from arag.library.manage import load_resolver, open_for_search
 from arag.llm.base import ChatMessage
@@ -361,6 +362,9 @@ def _check_literature(a: Answer, *, min_papers: int = 3) -> None:
     assert {p.paper_id for p in a.papers} <= cited
     for p in a.papers:
         assert p.url == f"https://arxiv.org/abs/{p.paper_id}" and f"[{p.n}]" in p.point
+    # A paper's "we" is shown as its authors: arag built none of it.
+    for shown in (a.text, *(p.point for p in a.papers)):
+        assert not re.search(r"\b(?:[Ww]e|[Oo]urs?|us)\b", shown), shown
 
 
 def test_extractive_literature_answer_cites_several_papers(lib: Settings, retriever: Retriever) -> None:
@@ -460,3 +464,60 @@ def test_a_paper_named_by_an_id_the_library_lacks_is_not_answered_from_others(
     assert a.abstained and a.form == "answer" and a.citations == []
     grader = next(e for e in a.events if e.node == "grader")
     assert "paper 1912.01214 is not in the library" in grader.decision
+
+
+def test_reported_puts_a_papers_we_in_the_third_person() -> None:
+    assert reported("In this paper, we propose a new model for fake news.") == (
+        "In this paper, the authors propose a new model for fake news."
+    )
+    assert reported("We built a filter; our results let us beat the US baseline.") == (
+        "The authors built a filter; their results let them beat the US baseline."
+    )
+    assert reported("We\u2019ve shown what we're after. Ours wins; WE is an acronym.") == (
+        "The authors have shown what the authors are after. Theirs wins; WE is an acronym."
+    )
+    # Words that only begin with the pronouns are left alone.
+    assert reported("Western users usually trust ourselves.") == "Western users usually trust themselves."
+    assert reported("Wearable user studies.") == "Wearable user studies."
+
+
+def test_split_lower_starts_cuts_only_after_a_sentence_end() -> None:
+    text = (
+        "BERT is used, e.g. the base model [1]. word2vec is also used [2]. Smith et al. report three "
+        "runs. J. smith wrote it."
+    )
+    assert split_claims(text) == [
+        "BERT is used, e.g. the base model [1]. word2vec is also used [2].",
+        "Smith et al. report three runs.",
+        "J. smith wrote it.",
+    ]
+    assert split_claims(text, lower_starts=True) == [
+        "BERT is used, e.g. the base model [1].",
+        "word2vec is also used [2].",
+        "Smith et al. report three runs.",
+        "J. smith wrote it.",
+    ]
+
+
+def test_an_overview_sentence_cannot_ride_along_with_the_next_ones_citation() -> None:
+    def passage(n: int, pid: str, text: str) -> ContextPassage:
+        chunk = _hit(pid, n).chunk.model_copy(update={"text": text, "embed_text": text})
+        return ContextPassage(n=n, chunk=chunk, text=text, score=1.0, tokens=len(text.split()))
+
+    passages = [
+        passage(1, "A", "We classify news articles with a convolutional network over their words."),
+        passage(2, "B", "r/Fakeddit is a multimodal fake news dataset of one million Reddit posts."),
+    ]
+    # The first sentence (no marker) is claimed by no passage; the splitter alone joins it to the
+    # second, whose passage then supports the pair on the second's words.
+    overview = (
+        "Detectors read the sharing graph of retweets and follower cascades. r/Fakeddit is a multimodal "
+        "fake news dataset of one million Reddit posts [2]."
+    )
+    draft = Draft(short_answer="", explanation="", mode="llm", overview=overview)
+    scorer = LexicalSupport()
+    assert len(split_claims(overview)) == 1
+    assert scorer.score(strip_citations(overview), passages[1].chunk.text) >= scorer.threshold
+    v = verify_literature(draft, passages, scorer)
+    assert v.overview == "r/Fakeddit is a multimodal fake news dataset of one million Reddit posts [2]."
+    assert (v.claims, v.supported, v.dropped) == (2, 1, 1)

@@ -270,6 +270,8 @@ def test_without_an_llm_the_summary_is_extractive_and_still_cited(library: Libra
     assert len(written) >= 3 and all(p.mode == "extractive" for p in written)
     for p in written:
         assert all(cited_numbers(sent) for sent in sentences(p.text))
+        # The paper's "we" is shown as its authors.
+        assert not re.search(r"\b(?:[Ww]e|[Oo]urs?|us)\b", p.text), p.text
 
 
 def test_related_lines_from_the_llm_are_kept_only_when_the_abstracts_support_them(library: Library) -> None:
@@ -278,6 +280,8 @@ def test_related_lines_from_the_llm_are_kept_only_when_the_abstracts_support_the
     assert rel.papers[0].relation_mode == "llm" and rel.papers[0].relation.startswith("Both concern")
     assert rel.papers[1].relation_mode == "extractive" and "Jupiter" not in rel.papers[1].relation
     assert rel.papers[2].relation_mode == "extractive" and rel.papers[2].relation.startswith("Also on")
+    for p in rel.papers:
+        assert not re.search(r"\b(?:[Ww]e|[Oo]urs?|us)\b", p.relation), p.relation
     assert all(p.arxiv_url for p in rel.papers)
     with pytest.raises(Exception, match="k must be 1 to 50"):
         library.related(ONTOLOGY, k=0)

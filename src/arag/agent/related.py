@@ -26,7 +26,15 @@ from pydantic import BaseModel, Field
 from arag.agent import prompts
 from arag.agent.deps import ask
 from arag.agent.support import SupportScorer
-from arag.agent.terms import GENERIC, key_terms, sentences, strip_citations, strip_placeholders, term_words
+from arag.agent.terms import (
+    GENERIC,
+    key_terms,
+    reported,
+    sentences,
+    strip_citations,
+    strip_placeholders,
+    term_words,
+)
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.errors import AragError, Cancelled
 from arag.llm.base import LLM
@@ -182,7 +190,8 @@ def extractive_line(paper: LibraryPaper, other: LibraryPaper, shared: list[str])
         if score > best_score:
             best, best_score = s, score
     words = ", ".join(_words(shared, other.abstract, other.title, paper.abstract))
-    return (f"Also on {words}: " if words else "") + (best or other.title)
+    # The other paper's "we" is its authors (``reported``), not arag or the paper asked about.
+    return (f"Also on {words}: " if words else "") + (reported(best) if best else other.title)
 
 
 def _first(abstract: str, n: int) -> str:

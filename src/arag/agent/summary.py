@@ -31,6 +31,7 @@ from arag.agent.terms import (
     clean_citations,
     has_placeholder,
     key_terms,
+    reported,
     sentences,
     strip_instructions,
     strip_placeholders,
@@ -275,7 +276,7 @@ def write_part(
             )
             if v.supported:
                 part = SummaryPart(
-                    aspect=aspect, heading=heading, text=v.explanation, mode="llm",
+                    aspect=aspect, heading=heading, text=reported(v.explanation), mode="llm",
                     sentences=v.supported, dropped=v.dropped,
                 )  # fmt: skip
                 return part, v.support
@@ -298,7 +299,7 @@ def write_part(
     v = verify_claims(draft, passages, scorer, "free_form", mark=False)
     mode: Literal["extractive", "none"] = "extractive" if v.supported else "none"
     part = SummaryPart(
-        aspect=aspect, heading=heading, text=v.explanation if v.supported else "", mode=mode,
+        aspect=aspect, heading=heading, text=reported(v.explanation) if v.supported else "", mode=mode,
         sentences=v.supported, dropped=dropped + v.dropped, note=note,
     )  # fmt: skip
     return part, v.support

@@ -278,3 +278,38 @@ def drop_assistant_words(query: str, question: str) -> str:
     if strip_self_reference(question) != question:
         out = re.sub(r"\s{2,}", " ", re.sub(r"\b(?:library|arag)\b", " ", out, flags=re.I)).strip()
     return out or query
+
+
+# A paper's "we" is its authors: quoted in an answer, a summary or a related-work line, "a filter that
+# we built" reads as if arag built it. The alternation tries longer words first (contractions).
+_FIRST_PERSON = {
+    "we've": "the authors have",
+    "we're": "the authors are",
+    "we'll": "the authors will",
+    "we'd": "the authors would",
+    "ourselves": "themselves",
+    "ours": "theirs",
+    "our": "their",
+    "we": "the authors",
+    "us": "them",
+}
+_FIRST_PERSON_RX = re.compile(
+    r"\b("
+    + "|".join(re.escape(w).replace("'", "['\u2019]") for w in sorted(_FIRST_PERSON, key=len, reverse=True))
+    + r")\b",
+    re.I,
+)
+
+
+def reported(text: str) -> str:
+    """A paper's sentence in the third person: "we" is "the authors", "our" is "their", and so on,
+    with the capital kept at a sentence's start. "US" (the country) is left alone."""
+
+    def swap(m: re.Match[str]) -> str:
+        word = m.group(1)
+        if word.isupper() and len(word) > 1:
+            return word
+        said = _FIRST_PERSON[word.lower().replace("\u2019", "'")]
+        return said[:1].upper() + said[1:] if word[:1].isupper() else said
+
+    return _FIRST_PERSON_RX.sub(swap, text)

@@ -6,6 +6,7 @@ The verifier also assembles the final ``Answer``."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,7 @@ from arag.agent.literature import literature_short_answer
 from arag.agent.state import AgentState, ContextPassage, Draft, Grade, Step
 from arag.agent.support import SupportScorer
 from arag.agent.synthesizer import with_marker
-from arag.agent.terms import cited_numbers, coverage, key_terms, sentences, strip_citations
+from arag.agent.terms import cited_numbers, coverage, key_terms, reported, sentences, strip_citations
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.records import Answer, AnswerType, ApproachGroup, Citation, PaperHit, PaperPoint, UsedChunk
 from arag.text import tokenize
@@ -38,10 +39,36 @@ class Verified:
     reason: str = ""
 
 
-def split_claims(explanation: str) -> list[str]:
-    """The answer's sentences; a sentence of markers alone ("[1].") joins the claim before it."""
+# A sentence may begin in lower case where it names a paper or a model ("... fake news. r/Fakeddit
+# creates ... [7]."). The splitter, built for papers' prose, joins such a sentence to the one before,
+# and the pair is then checked against the second's passage alone: the first rides along unchecked.
+_LOWER_START = re.compile(r"(?<=[.!?])\s+(?=[a-z])")
+_NOT_AN_END = re.compile(
+    r"(?:^|\s)(?:(?:[a-z]\.){2,}|[A-Za-z]\.|al\.|etc\.|vs\.|cf\.|fig\.|eq\.|sec\.|approx\.)$", re.I
+)
+
+
+def split_lower_starts(sentence: str) -> list[str]:
+    """A sentence cut where a period is followed by a lower-case word, unless the period ends an
+    abbreviation or an initial ("e.g. the", "et al. show", "J. smith")."""
+    out, start = [], 0
+    for m in _LOWER_START.finditer(sentence):
+        if _NOT_AN_END.search(sentence[start : m.start()]):
+            continue
+        out.append(sentence[start : m.start()])
+        start = m.end()
+    out.append(sentence[start:])
+    return [s for s in out if s.strip()]
+
+
+def split_claims(explanation: str, *, lower_starts: bool = False) -> list[str]:
+    """The answer's sentences; a sentence of markers alone ("[1].") joins the claim before it.
+    ``lower_starts``: also cut where a sentence starts in lower case (``split_lower_starts``)."""
     claims: list[str] = []
-    for s in sentences(explanation):
+    pieces = sentences(explanation)
+    if lower_starts:
+        pieces = [part for s in pieces for part in split_lower_starts(s)]
+    for s in pieces:
         if claims and not strip_citations(s).strip(" .;,:"):
             claims[-1] = f"{claims[-1].rstrip()} {s}"
         else:
@@ -65,13 +92,15 @@ def verify_claims(
     answer_type: AnswerType,
     *,
     mark: bool,
+    lower_starts: bool = False,
 ) -> Verified:
-    """Score every claim of the draft against its cited passages (a pure function of its inputs)."""
+    """Score every claim of the draft against its cited passages (a pure function of its inputs).
+    ``lower_starts``: see ``split_claims``."""
     by_n = {p.n: p for p in passages}
     out: list[str] = []
     result = Verified(explanation="")
     first_content: bool | None = None
-    for claim in split_claims(draft.explanation):
+    for claim in split_claims(draft.explanation, lower_starts=lower_starts):
         body = strip_citations(claim)
         if not key_terms(body):
             out.append(claim)  # "Yes." or a connective: nothing to check
@@ -138,9 +167,12 @@ def verify_literature(
             scorer,
             "free_form",
             mark=False,
+            # An overview's sentences come from several papers: one that starts in lower case (a
+            # paper's name) must not ride along with the next and be checked against its passage.
+            lower_starts=True,
         )
         # A "sentence" of markers or connectives alone says nothing: an overview keeps only claims.
-        said = [c for c in split_claims(v.explanation) if key_terms(strip_citations(c))]
+        said = [c for c in split_claims(v.explanation, lower_starts=True) if key_terms(strip_citations(c))]
         out.overview, out.support = " ".join(said), dict(v.support)
         out.claims, out.supported, out.dropped = v.claims, v.supported, v.dropped
     for label, points in draft.groups:
@@ -187,9 +219,10 @@ def literature_answer(
         return answer, v
     groups: list[ApproachGroup] = []
     papers: list[PaperPoint] = []
-    paragraphs = [v.overview] if v.overview else []
+    # Checked as quoted, shown in the third person (a paper's "we" is its authors, not arag).
+    paragraphs = [reported(v.overview)] if v.overview else []
     for label, points in v.groups:
-        text = " ".join(with_marker(sentence, n) for n, sentence in points)
+        text = " ".join(with_marker(reported(sentence), n) for n, sentence in points)
         paragraphs.append(text)
         pids = list(dict.fromkeys(by_n[n].chunk.paper_id for n, _ in points))
         groups.append(ApproachGroup(label=label, paper_ids=pids, text=text))
@@ -203,7 +236,7 @@ def literature_answer(
                     paper_id=chunk.paper_id,
                     title=chunk.title,
                     url=arxiv_url(chunk.paper_id),
-                    point=with_marker(sentence, n),
+                    point=with_marker(reported(sentence), n),
                     group=label,
                 )
             )
