@@ -211,3 +211,18 @@ def test_no_split_after_abbreviation_on_qasper() -> None:
     # The last sentence ends where the paragraph ends; every other end is a split the splitter chose.
     offenders = [s for p in _qasper_paragraphs() for s in split_sentences(p)[:-1] if ABBREV_ENDINGS.search(s)]
     assert offenders == []
+
+
+def test_lower_starts_lets_a_sentence_begin_in_lower_case_and_keeps_the_abbreviations() -> None:
+    text = "It uses, e.g. the base model [1]. word2vec is used. Smith et al. report runs. J. smith wrote."
+    assert split_sentences(text) == [
+        "It uses, e.g. the base model [1]. word2vec is used.",
+        "Smith et al. report runs.",
+        "J. smith wrote.",
+    ]
+    assert split_sentences(text, lower_starts=True) == [
+        "It uses, e.g. the base model [1].",
+        "word2vec is used.",
+        "Smith et al. report runs.",
+        "J. smith wrote.",
+    ]

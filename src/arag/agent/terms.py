@@ -157,9 +157,9 @@ def clean_citations(text: str, valid: Iterable[int]) -> tuple[str, int]:
     return CITE.sub(fix, text), removed
 
 
-def sentences(text: str) -> list[str]:
-    """Sentences of a passage or an answer."""
-    return split_sentences(text)
+def sentences(text: str, *, lower_starts: bool = False) -> list[str]:
+    """Sentences of a passage or an answer (``lower_starts``: see ``split_sentences``)."""
+    return split_sentences(text, lower_starts=lower_starts)
 
 
 def coverage(terms: Iterable[str], passage_terms: set[str]) -> float:

@@ -6,7 +6,6 @@ The verifier also assembles the final ``Answer``."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,36 +38,12 @@ class Verified:
     reason: str = ""
 
 
-# A sentence may begin in lower case where it names a paper or a model ("... fake news. r/Fakeddit
-# creates ... [7]."). The splitter, built for papers' prose, joins such a sentence to the one before,
-# and the pair is then checked against the second's passage alone: the first rides along unchecked.
-_LOWER_START = re.compile(r"(?<=[.!?])\s+(?=[a-z])")
-_NOT_AN_END = re.compile(
-    r"(?:^|\s)(?:(?:[a-z]\.){2,}|[A-Za-z]\.|al\.|etc\.|vs\.|cf\.|fig\.|eq\.|sec\.|approx\.)$", re.I
-)
-
-
-def split_lower_starts(sentence: str) -> list[str]:
-    """A sentence cut where a period is followed by a lower-case word, unless the period ends an
-    abbreviation or an initial ("e.g. the", "et al. show", "J. smith")."""
-    out, start = [], 0
-    for m in _LOWER_START.finditer(sentence):
-        if _NOT_AN_END.search(sentence[start : m.start()]):
-            continue
-        out.append(sentence[start : m.start()])
-        start = m.end()
-    out.append(sentence[start:])
-    return [s for s in out if s.strip()]
-
-
 def split_claims(explanation: str, *, lower_starts: bool = False) -> list[str]:
     """The answer's sentences; a sentence of markers alone ("[1].") joins the claim before it.
-    ``lower_starts``: also cut where a sentence starts in lower case (``split_lower_starts``)."""
+    ``lower_starts``: a sentence may start in lower case ("... fake news. r/Fakeddit creates ... [7].");
+    without it the two are one claim, checked against the second's passage alone."""
     claims: list[str] = []
-    pieces = sentences(explanation)
-    if lower_starts:
-        pieces = [part for s in pieces for part in split_lower_starts(s)]
-    for s in pieces:
+    for s in sentences(explanation, lower_starts=lower_starts):
         if claims and not strip_citations(s).strip(" .;,:"):
             claims[-1] = f"{claims[-1].rstrip()} {s}"
         else:

@@ -72,8 +72,11 @@ _CONTINUERS = _words(
 )
 
 
-def split_sentences(text: str) -> list[str]:
-    """Split ``text`` into sentences: stripped, non-empty, in order, every character kept."""
+def split_sentences(text: str, *, lower_starts: bool = False) -> list[str]:
+    """Split ``text`` into sentences: stripped, non-empty, in order, every character kept.
+    ``lower_starts``: a sentence may also begin in lower case, as an answer's sentence that names
+    "word2vec" or "r/Fakeddit" does (papers' prose is split without it: there a lower-case word after
+    a period is mostly an abbreviation the lists miss); abbreviations and initials still hold."""
     if not text or text.isspace():
         return []
     math = [m.span() for m in _MATH.finditer(text)] if "$" in text else []
@@ -88,7 +91,8 @@ def split_sentences(text: str) -> list[str]:
             if "\n" in m.group("ws"):
                 boundary = _newline_boundary(text, ws_start, ws_end)
             else:
-                boundary = _punct_boundary(text, m.start("punct"), ws_end, strict_next=True)
+                lower = lower_starts and text[ws_end].islower()
+                boundary = _punct_boundary(text, m.start("punct"), ws_end, strict_next=not lower)
         if not boundary or (math and _inside(math, ws_start)):
             continue
         piece = text[start:ws_start].strip()
