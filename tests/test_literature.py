@@ -481,24 +481,6 @@ def test_reported_puts_a_papers_we_in_the_third_person() -> None:
     assert reported("Wearable user studies.") == "Wearable user studies."
 
 
-def test_split_lower_starts_cuts_only_after_a_sentence_end() -> None:
-    text = (
-        "BERT is used, e.g. the base model [1]. word2vec is also used [2]. Smith et al. report three "
-        "runs. J. smith wrote it."
-    )
-    assert split_claims(text) == [
-        "BERT is used, e.g. the base model [1]. word2vec is also used [2].",
-        "Smith et al. report three runs.",
-        "J. smith wrote it.",
-    ]
-    assert split_claims(text, lower_starts=True) == [
-        "BERT is used, e.g. the base model [1].",
-        "word2vec is also used [2].",
-        "Smith et al. report three runs.",
-        "J. smith wrote it.",
-    ]
-
-
 def test_an_overview_sentence_cannot_ride_along_with_the_next_ones_citation() -> None:
     def passage(n: int, pid: str, text: str) -> ContextPassage:
         chunk = _hit(pid, n).chunk.model_copy(update={"text": text, "embed_text": text})
