@@ -34,6 +34,8 @@ from arag.agent.terms import (
     has_placeholder,
     is_placeholder,
     key_terms,
+    sentences,
+    strip_citations,
     strip_placeholders,
     unfinished,
 )
@@ -779,6 +781,19 @@ def test_verifier_drops_an_unsupported_claim() -> None:
     assert v.support == {1: 1.0, 2: 1.0}
     marked = verify_claims(d, PASSAGES, LexicalSupport(), "span", mark=True)
     assert "quokkas in Perth [2]. (not supported by the cited passages)" in marked.explanation
+
+
+def test_verifier_checks_a_sentence_that_starts_in_lower_case_on_its_own() -> None:
+    # The papers' splitter joins "... parser. the ontology ..." into one sentence; as one claim, the
+    # second half's passage supports the pair and the invented first half rides along.
+    explanation = "Quokkas in Perth wrote the parser. the ontology is induced from the parsed text [2]."
+    assert len(sentences(explanation)) == 1
+    joined = LexicalSupport().score(strip_citations(explanation), ONTOLOGY.text)
+    assert joined >= LexicalSupport().threshold
+    d = Draft(short_answer="Perth", explanation=explanation, mode="llm")
+    v = verify_claims(d, PASSAGES, LexicalSupport(), "free_form", mark=False)
+    assert (v.claims, v.supported, v.dropped, v.core_supported) == (2, 1, 1, False)
+    assert v.explanation == "the ontology is induced from the parsed text [2]."
 
 
 def test_verifier_keeps_only_supporting_markers() -> None:

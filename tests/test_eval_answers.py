@@ -171,6 +171,12 @@ def test_marker_validity_and_claim_support() -> None:
     passages = {1: CHUNKS["gold"].text}
     text = "They train on the Penn Treebank [1]. Quokkas annotate it in Perth [1]. Yes. Uncited about BERT."
     assert claim_support(text, passages, LexicalSupport(0.5)) == (3, 1)
+    # The LLM's sentence may start in lower case; a paper's quoted sentence is cut as its prose is.
+    point = "We train on the Penn Treebank, cf. the appendix. e.g. the Penn Treebank [1]."
+    llm = "Quokkas annotate it in Perth. the Penn Treebank is used for training [1]."
+    assert claim_support(llm, passages, LexicalSupport(0.5)) == (2, 1)
+    both = f"{llm}\n\n{point}"
+    assert claim_support(both, passages, LexicalSupport(0.5), quoted={point}) == (3, 2)
 
 
 def test_taxonomy_on_hand_made_cases() -> None:

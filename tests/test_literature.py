@@ -18,7 +18,14 @@ from arag.agent.planner import make_planner, plan_rules, protect, repair_ids, va
 from arag.agent.reformulator import make_reformulator, reformulate_rules
 from arag.agent.state import ContextPassage, Draft, Grade
 from arag.agent.support import LexicalSupport
-from arag.agent.terms import cited_numbers, entities, reported, strip_citations, strip_self_reference
+from arag.agent.terms import (
+    cited_numbers,
+    entities,
+    reported,
+    sentences,
+    strip_citations,
+    strip_self_reference,
+)
 from arag.agent.verifier import split_claims, verify_literature
 from arag.eval.open import TitleAbstractBM25, precision_at, recall_at
 from arag.library.manage import load_resolver, open_for_search
@@ -498,7 +505,8 @@ def test_an_overview_sentence_cannot_ride_along_with_the_next_ones_citation() ->
     )
     draft = Draft(short_answer="", explanation="", mode="llm", overview=overview)
     scorer = LexicalSupport()
-    assert len(split_claims(overview)) == 1
+    assert len(sentences(overview)) == 1
+    assert len(split_claims(overview)) == 2
     assert scorer.score(strip_citations(overview), passages[1].chunk.text) >= scorer.threshold
     v = verify_literature(draft, passages, scorer)
     assert v.overview == "r/Fakeddit is a multimodal fake news dataset of one million Reddit posts [2]."

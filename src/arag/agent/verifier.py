@@ -38,12 +38,14 @@ class Verified:
     reason: str = ""
 
 
-def split_claims(explanation: str, *, lower_starts: bool = False) -> list[str]:
+def split_claims(explanation: str, *, quoted: bool = False) -> list[str]:
     """The answer's sentences; a sentence of markers alone ("[1].") joins the claim before it.
-    ``lower_starts``: a sentence may start in lower case ("... fake news. r/Fakeddit creates ... [7].");
-    without it the two are one claim, checked against the second's passage alone."""
+    The LLM's sentence may start in lower case ("... in the paper [1]. word2vec is used [2]."): the
+    splitter's default, made for papers' prose, would make the two one claim, checked against the
+    second's passage alone, so the first would ride on a citation that is not its own. ``quoted``:
+    papers' own sentences (a literature answer's points), split as the papers' prose is."""
     claims: list[str] = []
-    for s in sentences(explanation, lower_starts=lower_starts):
+    for s in sentences(explanation, lower_starts=not quoted):
         if claims and not strip_citations(s).strip(" .;,:"):
             claims[-1] = f"{claims[-1].rstrip()} {s}"
         else:
@@ -67,15 +69,14 @@ def verify_claims(
     answer_type: AnswerType,
     *,
     mark: bool,
-    lower_starts: bool = False,
 ) -> Verified:
-    """Score every claim of the draft against its cited passages (a pure function of its inputs).
-    ``lower_starts``: see ``split_claims``."""
+    """Score every claim of the draft against its cited passages (a pure function of its inputs). An
+    extractive draft's sentences are the papers' own, split as their prose is."""
     by_n = {p.n: p for p in passages}
     out: list[str] = []
     result = Verified(explanation="")
     first_content: bool | None = None
-    for claim in split_claims(draft.explanation, lower_starts=lower_starts):
+    for claim in split_claims(draft.explanation, quoted=draft.mode == "extractive"):
         body = strip_citations(claim)
         if not key_terms(body):
             out.append(claim)  # "Yes." or a connective: nothing to check
@@ -142,12 +143,9 @@ def verify_literature(
             scorer,
             "free_form",
             mark=False,
-            # An overview's sentences come from several papers: one that starts in lower case (a
-            # paper's name) must not ride along with the next and be checked against its passage.
-            lower_starts=True,
         )
         # A "sentence" of markers or connectives alone says nothing: an overview keeps only claims.
-        said = [c for c in split_claims(v.explanation, lower_starts=True) if key_terms(strip_citations(c))]
+        said = [c for c in split_claims(v.explanation) if key_terms(strip_citations(c))]
         out.overview, out.support = " ".join(said), dict(v.support)
         out.claims, out.supported, out.dropped = v.claims, v.supported, v.dropped
     for label, points in draft.groups:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import ast
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -220,11 +220,17 @@ def marker_validity(answer: Answer) -> float | None:
     return float(all(n in numbered for n in numbers))
 
 
-def claim_support(text: str, passages: Mapping[int, str], scorer: LexicalSupport) -> tuple[int, int]:
+def claim_support(
+    text: str, passages: Mapping[int, str], scorer: LexicalSupport, *, quoted: Collection[str] = ()
+) -> tuple[int, int]:
     """(checkable claims, supported claims) of an explanation: a claim is supported when a passage it
-    cites scores at least the scorer's threshold (an uncited claim is unsupported)."""
+    cites scores at least the scorer's threshold (an uncited claim is unsupported). Claims are split as
+    the verifier splits the LLM's text, but a paragraph in ``quoted`` (a literature answer's points,
+    papers' own sentences) is split as the papers' prose is, one claim a quoted sentence."""
     claims = supported = 0
-    for claim in split_claims(text):
+    paragraphs = text.split("\n\n") if quoted else [text]
+    units = [c for para in paragraphs for c in split_claims(para, quoted=para in quoted)]
+    for claim in units:
         body = strip_citations(claim)
         if not key_terms(body):
             continue

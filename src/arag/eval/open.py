@@ -182,7 +182,11 @@ def score_row(
         row.llm_cached_calls = answer.llm_cached_calls
         row.cited = list(dict.fromkeys(c.paper_id for c in answer.citations))
         if not answer.abstained:
-            row.claims, row.supported = claim_support(answer.text, answer_passages(answer), scorer)
+            # A literature answer's groups quote papers' sentences: one claim each, as verified.
+            quoted = {g.text for g in answer.groups}
+            row.claims, row.supported = claim_support(
+                answer.text, answer_passages(answer), scorer, quoted=quoted
+            )
         if gold and row.cited:
             hit = len(set(row.cited) & gold)
             row.cited_precision = hit / len(row.cited)
