@@ -468,6 +468,19 @@ def test_grader_decisions() -> None:
     assert low.verdict == "partial" and low.missing_terms == ["sarcasm", "irony"] and low.coverage == 0.5
 
 
+def test_grader_finds_a_term_the_passages_spell_otherwise() -> None:
+    data = _chunk("D:0001:ee", "D", "Our target data set consists of clinical notes from 220 patients.")
+    q = "What datasets did the authors use?"
+    assert _grade(q, [_ev(data, q)]).verdict == "sufficient"
+    corpus = _chunk("D:0002:ff", "D", "The corpus holds the analysis of 220 clinical notes.")
+    q2 = "Which corpora and analyses are used?"
+    assert _grade(q2, [_ev(corpus, q2)]).coverage == 1.0
+    # A word the passages do not hold in any spelling still counts against them.
+    q3 = "What baselines did the authors use?"
+    none = _grade(q3, [_ev(data, q3)])
+    assert none.verdict == "unrelated" and none.missing_terms == ["baselines"]
+
+
 def test_grader_reads_the_whole_passage_not_a_prefix() -> None:
     long = _chunk(
         "C:0001:dd", "C", "Filler about tokenisation. " * 40 + "The ontology is induced by clustering."

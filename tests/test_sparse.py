@@ -14,7 +14,7 @@ import pytest
 from arag.index.qdrant_edge import EdgeStore
 from arag.index.sparse import BM25Encoder, bm25_tf_weight, term_id
 from arag.records import Chunk, SparseVector, chunk_id
-from arag.text import STOPWORDS, tokenize
+from arag.text import STOPWORDS, joined_terms, tokenize
 
 # -- tokenizer -------------------------------------------------------------------------------------
 
@@ -48,6 +48,23 @@ from arag.text import STOPWORDS, tokenize
 )
 def test_tokenize(text: str, expected: list[str]) -> None:
     assert tokenize(text) == expected
+
+
+def test_joined_terms_are_adjacent_words_written_as_one() -> None:
+    text = "Our data set and pre-trained BERT; fine tuned on GPT2 data, corpus.3 word net"
+    assert joined_terms(text) == {
+        "ourdata",
+        "dataset",
+        "setand",
+        "andpr",
+        "pretrain",
+        "trainedbert",
+        "finetun",
+        "tunedon",
+        "wordnet",
+    }
+    # Punctuation, digits and stand-ins are not a compound's join.
+    assert joined_terms("data; set, data.set 2 data BIBREF3 set") == set()
 
 
 def test_placeholders_only_removed_when_numbered() -> None:

@@ -61,3 +61,17 @@ def tokenize(text: str) -> list[str]:
     folded = _fold(_PLACEHOLDER.sub(" ", text))
     words = [w for w in _TOKEN.findall(folded) if (len(w) > 1 or w.isdigit()) and w not in STOPWORDS]
     return list(_STEMMER.stemWords(words))
+
+
+# Two words with only spaces or a hyphen between them (the second is looked ahead, so pairs overlap).
+_ADJACENT = re.compile(r"(?<!\w)([^\W\d_]+)[ \t-]+(?=([^\W\d_]+)(?!\w))")
+
+
+def joined_terms(text: str) -> set[str]:
+    """The stems of each two adjacent words of ``text`` written as one: a compound spelt open or
+    hyphenated ("data set", "pre-trained") meets the question's closed spelling ("dataset",
+    "pretrained"). Words only (no digits), stopwords included ("on line" -> "onlin")."""
+    # A removed stand-in still separates the words around it ("data BIBREF3 set").
+    folded = _fold(_PLACEHOLDER.sub(" . ", text))
+    pairs = [m.group(1) + m.group(2) for m in _ADJACENT.finditer(folded)]
+    return set(_STEMMER.stemWords(pairs))

@@ -14,10 +14,18 @@ from arag.agent.context import build_context, context_budget, format_passages
 from arag.agent.deps import AgentDeps, ask_json
 from arag.agent.literature import grade_literature
 from arag.agent.state import AgentState, Evidence, Grade, QueryOutcome, Step
-from arag.agent.terms import coverage, entities, has_entity, key_terms, strip_self_reference, term_words
+from arag.agent.terms import (
+    entities,
+    has_entity,
+    held_share,
+    key_terms,
+    spellings,
+    strip_self_reference,
+    term_words,
+)
 from arag.retrieval.resolve import PaperRef
 from arag.settings import AgentSettings
-from arag.text import tokenize
+from arag.text import joined_terms, tokenize
 
 _ARXIV_ID = re.compile(r"(?<![\d.])\d{4}\.\d{4,5}(?:v\d+)?(?!\d)")
 
@@ -64,17 +72,20 @@ def grade_evidence(
         )
     focus = question_focus(question, resolved)
     texts = [passage_text(e) for e in evidence]
-    have = set(tokenize(" ".join(texts)))
-    lower = " ".join(texts).lower()
+    joined = " ".join(texts)
+    # A term counts in any of its spellings, and in a compound the passages spell open ("What datasets
+    # did the authors use?" is answered by "Our target data set consists of ...").
+    have = set(tokenize(joined)) | joined_terms(joined)
+    lower = joined.lower()
     terms = key_terms(focus)
     words = term_words(focus)
-    cov = coverage(terms, have)
-    missing_terms = [words.get(t, t) for t in terms if t not in have]
+    cov = held_share(terms, have)
+    missing_terms = [words.get(t, t) for t in terms if not spellings(t) & have]
     missing_entities = [e for e in entities(focus) if not has_entity(e, lower)]
     served = {o.target for o in outcomes if o.kept > 0}
     empty: list[str] = []
     for sub in plan if len(plan) > 1 else []:
-        sub_cov = coverage(key_terms(question_focus(sub, resolved)), have)
+        sub_cov = held_share(key_terms(question_focus(sub, resolved)), have)
         # A sub-query whose own words are absent found nothing on its part of the question.
         if sub not in served or sub_cov < settings.unrelated_coverage:
             empty.append(sub)

@@ -170,10 +170,36 @@ def coverage(terms: Iterable[str], passage_terms: set[str]) -> float:
     return sum(t in passage_terms for t in ts) / len(ts)
 
 
+# Stems of Latin and Greek plurals and their singulars, which the stemmer keeps apart ("corpora" and
+# "corpus"; "analyses" -> "analys", "analysis" -> "analysi").
+_IRREGULAR = (
+    ("corpora", "corpus"),
+    ("criteria", "criterion"),
+    ("phenomena", "phenomenon"),
+    ("analys", "analysi"),
+    ("hypothes", "hypothesi"),
+    ("synthes", "synthesi"),
+    ("indic", "index"),
+    ("matric", "matrix"),
+    ("vertic", "vertex"),
+    ("appendic", "appendix"),
+    ("schemata", "schema"),
+)
+_OTHER_NUMBER = {a: b for a, b in _IRREGULAR} | {b: a for a, b in _IRREGULAR}
+# Words papers use for one thing: "What datasets are used?" is answered by "the corpus consists of".
+_SAME_THING = ({"dataset", "corpus", "corpora"},)
+
+
 def spellings(term: str) -> set[str]:
-    """A stemmed term and its American stems: a question in British English ("humour", "recognise")
-    must find papers written in American English ("humor", "recognize")."""
+    """A stemmed term and its other stems: American for British ("humour", "recognise" must find papers
+    written in American English), the other number of an irregular plural ("corpora", "corpus"), and
+    the words papers use for the same thing ("dataset", "corpus")."""
     out = {term}
+    if term in _OTHER_NUMBER:
+        out.add(_OTHER_NUMBER[term])
+    for same in _SAME_THING:
+        if term in same:
+            out |= same
     if term.endswith("our"):
         out.add(term[:-3] + "or")
     if term.endswith("is"):
@@ -184,8 +210,8 @@ def spellings(term: str) -> set[str]:
 
 
 def held_share(terms: Iterable[str], held: set[str]) -> float:
-    """Like :func:`coverage`, a term counting in any of its :func:`spellings` (the open-question
-    checks use it; one-paper answers keep :func:`coverage`, as they were measured)."""
+    """Like :func:`coverage`, a term counting in any of its :func:`spellings` (the grader's checks use
+    it; the verifier's support scores keep :func:`coverage`, as they were calibrated)."""
     ts = list(terms)
     if not ts:
         return 1.0
