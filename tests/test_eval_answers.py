@@ -383,6 +383,8 @@ def test_cli_compares_every_configuration(
 ) -> None:
     _env(monkeypatch, lib)
     monkeypatch.setattr(answers_cli, "_make_llm", lambda settings: scripted())
+    # Wide enough for every configuration's column to show its figures whole.
+    monkeypatch.setattr(answers_cli.console, "width", 200)
     out = tmp_path / "out"
     args = ["eval", "answers", "--questions", str(questions_file), "--configs", ",".join(CONFIGS)]
     args += ["--json", str(out / "s.json"), "--traces", str(out / "t.jsonl"), "--plot", str(out / "a.png")]
@@ -410,6 +412,9 @@ def test_cli_compares_every_configuration(
         assert f1["n"] == 10 and f1["lo"] <= f1["mean"] <= f1["hi"]
         assert f1["mean"] == pytest.approx(sum(r["answer_f1"] for r in mine) / 10)
         assert rep["official"]["Answer F1"] == pytest.approx(f1["mean"])
+        # The console shows the official by-type figures beside the question-kind ones.
+        for kind, value in rep["official"]["Answer F1 by type"].items():
+            assert re.search(rf"official {kind} .*{value:.3f}", res.output)
         assert rep["metrics"]["abstain_unanswerable"]["n"] == 1
         assert rep["metrics"]["answered_answerable"]["n"] == 9
         assert rep["wrong"] == sum(rep["taxonomy"].values()) == sum(r["failure"] is not None for r in mine)

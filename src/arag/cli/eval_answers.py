@@ -214,7 +214,11 @@ def print_reports(reports: list[ConfigReport]) -> None:
     from arag.eval.answers import KINDS, METRICS, TAXONOMY
 
     names = [r.config for r in reports]
-    quality = Table(title="answers: mean ± 95% CI half-width")
+    quality = Table(
+        title="answers: mean ± 95% CI half-width",
+        caption="answer_f1 <kind>: by the question's kind; official <type>: the official script's "
+        "Answer-F1 by each annotation's answer type",
+    )
     quality.add_column("metric", no_wrap=True)
     for name in names:
         quality.add_column(name)
@@ -230,6 +234,14 @@ def print_reports(reports: list[ConfigReport]) -> None:
                     for r in reports
                 ),
             )
+    # The official script's by-type figures count each annotation by its own answer type (a question's
+    # annotators may disagree on it): the figures QASPER's papers and the README's tables report.
+    by_type = [r.official.get("Answer F1 by type", {}) for r in reports]
+    for kind in dict.fromkeys(k for t in by_type for k in t):
+        quality.add_row(
+            f"official {kind}",
+            *(f"{t[kind]:.3f}" if kind in t else "-" for t in by_type),
+        )
     console.print(quality)
     latency = Table("latency (ms)", *names, title="latency")
     latency.add_row("total p50", *(f"{r.total_p50_ms:.0f}" for r in reports))
