@@ -18,8 +18,8 @@ from arag.agent.terms import (
     entities,
     has_entity,
     held_share,
+    holds,
     key_terms,
-    spellings,
     strip_self_reference,
     term_words,
 )
@@ -80,7 +80,7 @@ def grade_evidence(
     terms = key_terms(focus)
     words = term_words(focus)
     cov = held_share(terms, have)
-    missing_terms = [words.get(t, t) for t in terms if not spellings(t) & have]
+    missing_terms = [words.get(t, t) for t in terms if not holds(have, t)]
     missing_entities = [e for e in entities(focus) if not has_entity(e, lower)]
     served = {o.target for o in outcomes if o.kept > 0}
     empty: list[str] = []

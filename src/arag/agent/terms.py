@@ -209,13 +209,18 @@ def spellings(term: str) -> set[str]:
     return out
 
 
+def holds(held: set[str], term: str) -> bool:
+    """Whether ``held`` (a text's stems) holds ``term`` in any of its :func:`spellings`."""
+    return bool(spellings(term) & held)
+
+
 def held_share(terms: Iterable[str], held: set[str]) -> float:
     """Like :func:`coverage`, a term counting in any of its :func:`spellings` (the grader's checks use
     it; the verifier's support scores keep :func:`coverage`, as they were calibrated)."""
     ts = list(terms)
     if not ts:
         return 1.0
-    return sum(bool(spellings(x) & held) for x in ts) / len(ts)
+    return sum(holds(held, x) for x in ts) / len(ts)
 
 
 # Sentences of a passage that address the model rather than the reader: retrieved text is data, and
