@@ -292,6 +292,16 @@ def test_addresses_needs_the_names_and_most_terms() -> None:
     assert addresses(["Canberra is the capital of Australia."], capital, [])
 
 
+def test_a_paper_addresses_a_term_it_spells_open() -> None:
+    # The one-paper grader's spellings hold for open questions too: "data set" is "dataset".
+    datasets = focus_terms("What datasets are there for sarcasm?")
+    assert datasets == ["dataset", "sarcasm"]
+    assert addresses(["We collect a data set of sarcastic tweets on sarcasm."], datasets, [])
+    assert not addresses(["We collect data, then set a sarcasm threshold."], datasets, [])
+    assert about(_paper("A data set of tweets", "We collect tweets."), datasets, [])
+    assert not about(_paper("Data of tweets", "We set a threshold."), datasets, [])
+
+
 def test_a_point_that_ends_where_its_list_begins_loses_to_a_whole_one() -> None:
     terms = ["bert", "question", "answer"]
     dangling = "We apply our unanswerable questions to the following BERT question answering models:"

@@ -75,3 +75,9 @@ def joined_terms(text: str) -> set[str]:
     folded = _fold(_PLACEHOLDER.sub(" . ", text))
     pairs = [m.group(1) + m.group(2) for m in _ADJACENT.finditer(folded)]
     return set(_STEMMER.stemWords(pairs))
+
+
+def held_terms(text: str) -> set[str]:
+    """The stems a text holds, for checking a question's key terms against it: its words and each two
+    adjacent words written as one (:func:`joined_terms`)."""
+    return set(tokenize(text)) | joined_terms(text)

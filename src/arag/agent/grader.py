@@ -25,7 +25,7 @@ from arag.agent.terms import (
 )
 from arag.retrieval.resolve import PaperRef
 from arag.settings import AgentSettings
-from arag.text import joined_terms, tokenize
+from arag.text import held_terms
 
 _ARXIV_ID = re.compile(r"(?<![\d.])\d{4}\.\d{4,5}(?:v\d+)?(?!\d)")
 
@@ -75,7 +75,7 @@ def grade_evidence(
     joined = " ".join(texts)
     # A term counts in any of its spellings, and in a compound the passages spell open ("What datasets
     # did the authors use?" is answered by "Our target data set consists of ...").
-    have = set(tokenize(joined)) | joined_terms(joined)
+    have = held_terms(joined)
     lower = joined.lower()
     terms = key_terms(focus)
     words = term_words(focus)

@@ -36,7 +36,7 @@ from arag.agent.terms import (
     unfinished,
 )
 from arag.records import RankedPaper
-from arag.text import tokenize
+from arag.text import held_terms, tokenize
 
 # Words of an open question's frame ("how do researchers usually ...") that no passage needs to hold.
 _FRAME = frozenset(
@@ -125,7 +125,7 @@ def about(paper: RankedPaper, terms: Sequence[str], names: Sequence[str]) -> boo
     if paper.abstract is None:
         return False
     text = f"{paper.title} {paper.abstract}"
-    held = set(tokenize(text))
+    held = held_terms(text)
     if names:
         return any(has_entity(e, text.lower()) for e in names) or held_share(terms, held) >= ADDRESS_COVERAGE
     return held_share(terms, held) >= ABOUT_COVERAGE
@@ -142,7 +142,7 @@ def addresses(texts: Sequence[str], terms: Sequence[str], names: Sequence[str]) 
     # With one or two terms, half is a single word: "the capital of Australia" met by a GeoQA paper's
     # "capital-of" relation. A short question's terms must all be there.
     needed = 1.0 if len(terms) <= 2 else ADDRESS_COVERAGE
-    return held_share(terms, set(tokenize(joined))) >= needed
+    return held_share(terms, held_terms(joined)) >= needed
 
 
 def paper_texts(paper_id: str, evidence: Sequence[Evidence]) -> list[str]:
