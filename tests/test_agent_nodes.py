@@ -637,10 +637,10 @@ def test_build_context_numbers_prunes_and_budgets() -> None:
 
 
 def test_context_budget_follows_the_llm_window() -> None:
-    assert context_budget(_deps()) == 900
-    small = ScriptedLLM([], context_tokens=1536)
-    assert context_budget(_deps(small)) == 1536 - 320 - 400
-    assert context_budget(_deps(ScriptedLLM([], context_tokens=8192))) == 900
+    assert context_budget(_deps()) == 600
+    small = ScriptedLLM([], context_tokens=1200)
+    assert context_budget(_deps(small)) == 1200 - 320 - 400
+    assert context_budget(_deps(ScriptedLLM([], context_tokens=8192))) == 600
 
 
 # --- synthesizer -------------------------------------------------------------------------------
