@@ -186,8 +186,9 @@ _IRREGULAR = (
     ("schemata", "schema"),
 )
 _OTHER_NUMBER = {a: b for a, b in _IRREGULAR} | {b: a for a, b in _IRREGULAR}
-# Words papers use for one thing: "What datasets are used?" is answered by "the corpus consists of".
-_SAME_THING = ({"dataset", "corpus", "corpora"},)
+# Words papers use for one thing: "What datasets are used?" is answered by "the corpus consists of"
+# ("corpora" too: spellings are not chained through _OTHER_NUMBER).
+_DATASET_WORDS = frozenset({"dataset", "corpus", "corpora"})
 
 
 def spellings(term: str) -> set[str]:
@@ -197,9 +198,8 @@ def spellings(term: str) -> set[str]:
     out = {term}
     if term in _OTHER_NUMBER:
         out.add(_OTHER_NUMBER[term])
-    for same in _SAME_THING:
-        if term in same:
-            out |= same
+    if term in _DATASET_WORDS:
+        out |= _DATASET_WORDS
     if term.endswith("our"):
         out.add(term[:-3] + "or")
     if term.endswith("is"):
