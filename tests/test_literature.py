@@ -13,7 +13,15 @@ import pytest
 
 from arag.agent import build_agent, prompts
 from arag.agent.deps import AgentDeps
-from arag.agent.literature import Point, about, addresses, focus_terms, group_points, point_score
+from arag.agent.literature import (
+    Point,
+    about,
+    addresses,
+    draw_point,
+    focus_terms,
+    group_points,
+    point_score,
+)
 from arag.agent.planner import make_planner, plan_rules, protect, repair_ids, validate_llm_plan
 from arag.agent.reformulator import make_reformulator, reformulate_rules
 from arag.agent.state import ContextPassage, Draft, Grade
@@ -311,6 +319,33 @@ def test_a_point_that_ends_where_its_list_begins_loses_to_a_whole_one() -> None:
     assert point_score(dangling.rstrip(":") + ".", terms, abstract=False) > point_score(
         whole, terms, abstract=False
     )
+
+
+def test_a_point_is_not_drawn_from_what_a_paper_says_of_other_papers() -> None:
+    # Asked "What methods detect hate speech?", a Greek offensive-language paper's point was its
+    # related-work summary of others' classifiers, shown as if the paper had built them.
+    terms = ["hate", "speech", "detect"]
+    others = "Detecting hate speech with logistic regression and a linear SVM gave strong baselines."
+    own = "We train a BiLSTM to detect offensive posts in a Greek corpus."
+    assert point_score(others, terms, abstract=False) > point_score(own, terms, abstract=False)
+    assert point_score(others, terms, abstract=False, section="Related Work") < point_score(
+        own, terms, abstract=False, section="Experiments"
+    )
+    # In any section, a sentence that names others' work ("et al.", "their model") loses too ...
+    cited = "Davidson et al. detect hate speech with logistic regression and a linear SVM."
+    assert point_score(cited, terms, abstract=False) < point_score(own, terms, abstract=False)
+    # ... but not one that speaks of this paper, wherever it stands.
+    mine = "In this paper, we detect hate speech in Greek tweets with a BiLSTM."
+    assert point_score(mine, terms, abstract=False, section="Background") == point_score(
+        mine, terms, abstract=False, section="Introduction"
+    )
+
+    def passage(n: int, section: str, text: str) -> ContextPassage:
+        chunk = _hit("G", n).chunk.model_copy(update={"text": text, "embed_text": text, "section": section})
+        return ContextPassage(n=n, chunk=chunk, text=text, score=1.0, tokens=len(text.split()))
+
+    point = draw_point([passage(1, "Related Work ::: Hate speech", others), passage(2, "Data", own)], terms)
+    assert point is not None and (point.n, point.sentence) == (2, own)
 
 
 def test_group_points_by_approach() -> None:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from arag.agent.answer_type import strip_lead
 from arag.agent.state import ContextPassage, Evidence, Grade, PaperPart, QueryPapers
 from arag.agent.terms import (
+    about_others,
     entities,
     has_entity,
     held_share,
@@ -83,6 +84,13 @@ _CUE = re.compile(
     re.I,
 )
 _ANAPHORA = re.compile(r"^\W*(?:it|this|these|those|they|such|there|however|thus|hence|therefore)\b", re.I)
+# A sentence that speaks of the paper itself, and one that names other papers' work.
+_SELF = re.compile(r"\b(?:we|our|this\s+(?:paper|work|study|article))\b", re.I)
+_OTHERS_WORK = re.compile(
+    r"\bet\s+al\b|\btheir\s+(?:work|model|approach|method|system|paper|study)s?\b|"
+    r"\b(?:previous|prior|earlier|existing)\s+(?:work|studies|approaches|methods|research|systems)\b",
+    re.I,
+)
 POINT_MIN_WORDS, POINT_MAX_WORDS = 6, 60
 _REFERS_BACK = re.compile(r"\b(?:it|its|they|their|them|this\s+paper|these\s+papers|the\s+paper)\b", re.I)
 _QA_TOPIC = re.compile(r"\bquestion[- ]answering\b|\banswer(?:s|ing)?\s+(?:\w+\s+){0,2}questions\b", re.I)
@@ -198,8 +206,8 @@ def without_carried(target: str) -> str:
     return re.sub(r"\s*\([^)]*\)\s*$", "", target)
 
 
-def point_score(sentence: str, terms: Sequence[str], *, abstract: bool) -> float:
-    """How well a sentence states a paper's point on the question."""
+def point_score(sentence: str, terms: Sequence[str], *, abstract: bool, section: str | None = None) -> float:
+    """How well a sentence states a paper's point on the question (``section``: its passage's)."""
     have = set(tokenize(sentence))
     share = sum(t in have for t in terms) / len(terms) if terms else 0.0
     # A sentence that says what the paper does beats one more on the topic; one that opens with a
@@ -208,7 +216,13 @@ def point_score(sentence: str, terms: Sequence[str], *, abstract: bool) -> float
     cue = 0.4 if _CUE.search(sentence) else 0.0
     anaphora = 0.2 if _ANAPHORA.match(sentence) else 0.0
     cut = 0.5 if unfinished(sentence) else 0.0
-    return share + cue - anaphora - cut + (0.05 if abstract else 0.0)
+    # A sentence about other papers' work (in a related-work section, or naming "et al.", "their
+    # model") would be shown as this paper's point: a last resort, unless it speaks of this paper.
+    others = 0.0
+    if not _SELF.search(sentence):
+        others = 0.5 if about_others(section) else 0.0
+        others += 0.3 if _OTHERS_WORK.search(sentence) else 0.0
+    return share + cue - anaphora - cut - others + (0.05 if abstract else 0.0)
 
 
 def draw_point(
@@ -222,7 +236,7 @@ def draw_point(
         for j, s in enumerate(sentences(text)):
             if not POINT_MIN_WORDS <= len(s.split()) <= POINT_MAX_WORDS or s.strip() in exclude:
                 continue
-            score = point_score(s, terms, abstract=p.chunk.type == "abstract")
+            score = point_score(s, terms, abstract=p.chunk.type == "abstract", section=p.chunk.section)
             key = (score, -p.n, -j, s)
             if best is None or key[:3] > best[:3]:
                 best = (score, -p.n, -j, s)

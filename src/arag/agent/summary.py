@@ -27,6 +27,7 @@ from arag.agent.support import SupportScorer
 from arag.agent.synthesizer import with_marker
 from arag.agent.terms import (
     CITE,
+    about_others,
     cited_numbers,
     clean_citations,
     has_placeholder,
@@ -109,8 +110,6 @@ CUES: dict[Aspect, re.Pattern[str]] = {
     ),
 }
 ABSTRACT_LEADS = frozenset({"problem", "method", "data", "results"})
-# Sections about other papers' work: their sentences describe someone else's problem or method.
-_OTHERS = re.compile(r"related|background|previous|prior|other approaches|literature", re.I)
 ASPECT_TOKENS = 320
 ANSWER_TOKENS = 100
 FALLBACK_SENTENCES = 3
@@ -226,7 +225,7 @@ def extractive_part(
             hits = phrasing + 0.5 * len(terms & set(key_terms(clean)))
             score = hits + (1.0 if p.chunk.type == "abstract" and aspect != "limits" else 0.0)
             score -= 0.3 * rank + (0.5 if has_placeholder(sent) else 0.0)
-            score -= 1.5 if p.chunk.section and _OTHERS.search(p.chunk.section) else 0.0
+            score -= 1.5 if about_others(p.chunk.section) else 0.0
             if score > 0:
                 scored.append((score, p.n, j, clean))
     if not scored:

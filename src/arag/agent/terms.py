@@ -108,6 +108,16 @@ def unfinished(sentence: str) -> bool:
     return _UNFINISHED.search(sentence) is not None
 
 
+# Sections where a paper describes other papers' work: their sentences say what someone else did, and
+# shown as the paper's own point or method they would cite it for another paper's work.
+_OTHERS_SECTION = re.compile(r"related|background|previous|prior|other approaches|literature", re.I)
+
+
+def about_others(section: str | None) -> bool:
+    """The section (a chunk's, "Related Work ::: Hate speech") is one about other papers' work."""
+    return section is not None and _OTHERS_SECTION.search(section) is not None
+
+
 def is_placeholder(text: str) -> bool:
     """A placeholder (or only citation markers) where an answer should be."""
     rest = CITE.sub("", _PLACEHOLDER.sub("", text)).strip(" .,;:()[]\"'")
