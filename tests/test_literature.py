@@ -149,7 +149,8 @@ def test_rank_papers_scores_only_what_the_passage_stage_did_not() -> None:
     papers = rank_papers("q", pool, reuse, RetrievalSettings(), known)
     assert sorted(reuse.read) == sorted(t for t in full.read if t not in {"text B 4", "text A 2"})
     best = {p.paper_id: [(c.chunk.index, c.rerank_score) for c in p.passages] for p in papers}
-    assert best == {"A": [(2, 20.0), (3, 3.0)], "B": [(4, 40.0), (1, 1.0)]}
+    # A's abstract, last of its candidates, comes after its best two (see the next test).
+    assert best == {"A": [(2, 20.0), (3, 3.0), (0, 0.0)], "B": [(4, 40.0), (1, 1.0)]}
     assert {p.paper_id: p.best_rerank for p in every} == {"A": 3.0, "B": 4.0}
     # Without a model nothing is scored, whatever is passed.
     assert all(
@@ -157,6 +158,35 @@ def test_rank_papers_scores_only_what_the_passage_stage_did_not() -> None:
         for p in rank_papers("q", pool, IdentityReranker(), RetrievalSettings(), known)
         for c in p.passages
     )
+
+
+def test_a_ranked_papers_abstract_follows_its_best_passages() -> None:
+    # The reranker, trained on one-paper questions' paragraphs, seldom puts an abstract first, and the
+    # abstract is where an open question's answer finds what each paper does.
+    settings = RetrievalSettings(papers_k=10, passages_per_paper=2, paper_hits=2)
+    others = [_hit(pid, 0, "abstract") for pid in "VWXYZ"]
+    pool = PaperPool(
+        abstracts=[],
+        passages=[_hit("A", 4), _hit("A", 2), _hit("A", 1), _hit("B", 6), _hit("B", 3), _hit("B", 5)],
+        bm25=[],
+        abstract_bm25=[_hit("A", 0, "abstract"), *others, _hit("B", 0, "abstract")],
+    )
+    papers = {p.paper_id: p for p in rank_papers("q", pool, _CountingReranker(), settings)}
+    # A's abstract is one of its three candidates, scored and ranked last: it comes third.
+    assert [(c.chunk.index, c.rerank_score) for c in papers["A"].passages] == [(4, 4.0), (2, 2.0), (0, 0.0)]
+    # B's is not among its candidates (its passages rank above it): it is added unscored, from the
+    # abstract search that found it.
+    b = papers["B"].passages
+    assert [(c.chunk.index, c.rerank_score) for c in b] == [(6, 6.0), (5, 5.0), (0, None)]
+    assert b[-1].found_by == ["abstract_bm25"] and b[-1].chunk.type == "abstract"
+    # A paper whose abstract no search found keeps its best passages only.
+    pool = PaperPool(abstracts=[], passages=[_hit("C", 2), _hit("C", 7), _hit("C", 1)], bm25=[])
+    (c,) = rank_papers("q", pool, _CountingReranker(), settings)
+    assert [x.chunk.index for x in c.passages] == [7, 2]
+    # One whose abstract is among its best keeps it once, where it ranks.
+    pool = PaperPool(abstracts=[_hit("D", 0, "abstract")], passages=[_hit("D", 9), _hit("D", 3)], bm25=[])
+    (d,) = rank_papers("q", pool, IdentityReranker(), settings)
+    assert [x.chunk.index for x in d.passages] == [0, 9]
 
 
 def _paper(title: str, abstract: str | None) -> RankedPaper:

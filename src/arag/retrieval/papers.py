@@ -10,7 +10,8 @@ An open question is answered by several papers, so papers are ranked too:
   before (a paper with several matching passages is about the topic; one lucky passage is not).
 - The top ``papers_k`` papers are kept; each one's best chunks (its abstract among them when it was
   found) are reranked with the cross-encoder against the question and the best ``passages_per_paper``
-  kept, best first.
+  kept, best first, then its abstract when a search found it and it is not among them (where the
+  authors say what the paper does: an open question's answer draws each paper's point from these).
 """
 
 from __future__ import annotations
@@ -147,9 +148,42 @@ def rank_papers(
             )
         ranked.sort(key=lambda c: (-c.score, c.fused_rank))
         best = max((c.rerank_score for c in ranked if c.rerank_score is not None), default=None)
-        update = {"passages": ranked[: settings.passages_per_paper], "best_rerank": best}
+        passages = with_abstract(ranked[: settings.passages_per_paper], ranked, pool, p.paper_id)
+        update = {"passages": passages, "best_rerank": best}
         out.append(p.model_copy(update={**update, "abstract": abstract_text(pool, p.paper_id)}))
     return out
+
+
+def with_abstract(
+    passages: list[RankedChunk], ranked: Sequence[RankedChunk], pool: PaperPool, paper_id: str
+) -> list[RankedChunk]:
+    """A paper's best passages, and after them its abstract when a search found it and it is not
+    among them: the reranker, trained on one-paper questions and their paragraphs, seldom puts an
+    abstract first, and it is where the authors say what the paper does (an open question's answer
+    draws each paper's point from these)."""
+    if any(c.chunk.type == "abstract" for c in passages):
+        return passages
+    found = next((c for c in ranked if c.chunk.type == "abstract"), None)
+    if found is None:
+        hits = [
+            (pos, h)
+            for name in ABSTRACT_LISTS
+            for pos, h in enumerate(pool.lists()[name], start=1)
+            if h.chunk.paper_id == paper_id
+        ]
+        if not hits:
+            return passages
+        # A long abstract is embedded in parts; its first part opens it.
+        pos, hit = min(hits, key=lambda x: (x[1].chunk.index, x[0]))
+        found = RankedChunk(
+            chunk=hit.chunk,
+            score=-float(pos),
+            source="paper",
+            fused_rank=pos,
+            fused_score=hit.score,
+            found_by=[n for n in ABSTRACT_LISTS if any(h.chunk.id == hit.chunk.id for h in pool.lists()[n])],
+        )
+    return [*passages, found]
 
 
 def abstract_text(pool: PaperPool, paper_id: str) -> str | None:
