@@ -108,8 +108,8 @@ def unfinished(sentence: str) -> bool:
     return _UNFINISHED.search(sentence) is not None
 
 
-# Sections where a paper describes other papers' work: their sentences say what someone else did, and
-# shown as the paper's own point or method they would cite it for another paper's work.
+# Sections where a paper describes other papers' work: a sentence from one, shown as the paper's own
+# point or method, would cite the paper for another paper's work.
 _OTHERS_SECTION = re.compile(r"related|background|previous|prior|other approaches|literature", re.I)
 
 

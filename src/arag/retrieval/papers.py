@@ -148,13 +148,13 @@ def rank_papers(
             )
         ranked.sort(key=lambda c: (-c.score, c.fused_rank))
         best = max((c.rerank_score for c in ranked if c.rerank_score is not None), default=None)
-        passages = with_abstract(ranked[: settings.passages_per_paper], ranked, pool, p.paper_id)
+        passages = append_abstract(ranked[: settings.passages_per_paper], ranked, pool, p.paper_id)
         update = {"passages": passages, "best_rerank": best}
         out.append(p.model_copy(update={**update, "abstract": abstract_text(pool, p.paper_id)}))
     return out
 
 
-def with_abstract(
+def append_abstract(
     passages: list[RankedChunk], ranked: Sequence[RankedChunk], pool: PaperPool, paper_id: str
 ) -> list[RankedChunk]:
     """A paper's best passages, and after them its abstract when a search found it and it is not
