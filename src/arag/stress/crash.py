@@ -170,6 +170,10 @@ def _run_attempt(
             if (anchor is not None and now >= anchor + after) or now - t0 > timeout_s:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
+                if proc.returncode != -signal.SIGKILL:
+                    # It ended on its own between the poll and the signal: a build that finished
+                    # first, not a kill (the attempt is made again, earlier).
+                    return None, proc.returncode
                 return now - t0, proc.returncode
             wait = 0.02 if anchor is None else min(0.02, max(anchor + after - now, 0.0))
             time.sleep(wait)
