@@ -173,7 +173,7 @@ def append_abstract(
         ]
         if not hits:
             return passages
-        # A long abstract is embedded in parts; its first part opens it.
+        # Both abstract searches may hold it: its best rank (and the first chunk, were there several).
         pos, hit = min(hits, key=lambda x: (x[1].chunk.index, x[0]))
         found = RankedChunk(
             chunk=hit.chunk,
