@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pymupdf
@@ -15,6 +18,7 @@ from arag.library.manage import build_library, list_papers
 from arag.library.state import LibraryState
 from arag.settings import Settings, get_settings
 from arag.stress.bad_pdfs import BAD_KINDS, BOMB_PAGES, NOISE_PAGES, BadPdfReport, make_bad_pdfs
+from arag.stress.common import kill_landed
 from arag.stress.crash import CrashReport, check_consistency, run_crash_test
 
 runner = CliRunner()
@@ -82,6 +86,17 @@ def test_crash_resume_ends_with_the_reference_chunks(tmp_path: Path, qasper_path
     assert all(k.exit_code == -9 and not k.problems for k in killed)
     assert report.chunk_ids_equal and report.final_chunks == report.reference_chunks > 20
     assert report.final_papers == report.reference_papers == 20
+
+
+def test_a_kill_lands_only_on_a_process_still_running() -> None:
+    # The crash test once counted a build that had just finished (exit 0) as killed: a process that
+    # ended between the harness's last poll and its SIGKILL is not a kill.
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    assert kill_landed(running) and running.returncode == -9
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    # Wait for it to exit without reaping it: Popen has not seen the exit yet, as after a last poll.
+    os.waitid(os.P_PID, done.pid, os.WEXITED | os.WNOWAIT)
+    assert not kill_landed(done) and done.returncode == 0
 
 
 def test_the_bad_pdf_generator_writes_seven_kinds(tmp_path: Path) -> None:

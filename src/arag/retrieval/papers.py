@@ -165,23 +165,24 @@ def append_abstract(
         return passages
     found = next((c for c in ranked if c.chunk.type == "abstract"), None)
     if found is None:
+        lists = pool.lists()
         hits = [
-            (pos, h)
+            (pos, name, h)
             for name in ABSTRACT_LISTS
-            for pos, h in enumerate(pool.lists()[name], start=1)
+            for pos, h in enumerate(lists[name], start=1)
             if h.chunk.paper_id == paper_id
         ]
         if not hits:
             return passages
         # Both abstract searches may hold it: its best rank (and the first chunk, were there several).
-        pos, hit = min(hits, key=lambda x: (x[1].chunk.index, x[0]))
+        pos, _, hit = min(hits, key=lambda x: (x[2].chunk.index, x[0]))
         found = RankedChunk(
             chunk=hit.chunk,
             score=-float(pos),
             source="paper",
             fused_rank=pos,
             fused_score=hit.score,
-            found_by=[n for n in ABSTRACT_LISTS if any(h.chunk.id == hit.chunk.id for h in pool.lists()[n])],
+            found_by=[name for _, name, h in hits if h.chunk.id == hit.chunk.id],
         )
     return [*passages, found]
 

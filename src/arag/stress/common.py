@@ -75,6 +75,14 @@ def stop_cli(proc: subprocess.Popen[Any], timeout_s: float) -> None:
         proc.wait()
 
 
+def kill_landed(proc: subprocess.Popen[Any]) -> bool:
+    """SIGKILL ``proc`` and wait for it: whether the kill ended it. False when it had ended on its own
+    between the caller's last poll and the signal (a build that finished first, not a kill)."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return proc.returncode == -signal.SIGKILL
+
+
 def clear(*dirs: Path) -> None:
     """Remove each folder that exists: a case run again in the same workdir starts clean."""
     for d in dirs:

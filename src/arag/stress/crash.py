@@ -24,7 +24,6 @@ import contextlib
 import itertools
 import random
 import shutil
-import signal
 import sqlite3
 import statistics
 import subprocess
@@ -43,6 +42,7 @@ from arag.stress.common import (
     cli_env,
     consistency_problems,
     copy_library,
+    kill_landed,
     library_settings,
     make_workdir,
     quiet,
@@ -168,13 +168,9 @@ def _run_attempt(
             if anchor is None and (_recorded_count(state_db) or 0) >= papers:
                 anchor = now
             if (anchor is not None and now >= anchor + after) or now - t0 > timeout_s:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-                if proc.returncode != -signal.SIGKILL:
-                    # It ended on its own between the poll and the signal: a build that finished
-                    # first, not a kill (the attempt is made again, earlier).
-                    return None, proc.returncode
-                return now - t0, proc.returncode
+                # A build that ended on its own just before the kill finished first: the attempt is
+                # made again, earlier.
+                return (now - t0 if kill_landed(proc) else None), proc.returncode
             wait = 0.02 if anchor is None else min(0.02, max(anchor + after - now, 0.0))
             time.sleep(wait)
     return None, proc.returncode

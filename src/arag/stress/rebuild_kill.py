@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import random
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from arag.stress.common import (
     cli_command,
     cli_env,
     consistency_problems,
+    kill_landed,
     library_settings,
     quiet,
     run_logged,
@@ -200,10 +200,8 @@ def run_rebuild_kill_test(
             while proc.poll() is None:
                 now = time.perf_counter() - t0
                 if now >= target:
-                    proc.send_signal(signal.SIGKILL)
-                    proc.wait()
-                    # Ended on its own between the poll and the signal: the rebuild finished first.
-                    killed_at = now if proc.returncode == -signal.SIGKILL else None
+                    # A rebuild that ended on its own just before the kill finished first.
+                    killed_at = now if kill_landed(proc) else None
                     break
                 time.sleep(min(0.005, max(target - now, 0.0)))
         t_check = time.perf_counter()
