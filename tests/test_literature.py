@@ -21,6 +21,7 @@ from arag.agent.literature import (
     focus_terms,
     group_points,
     point_score,
+    refers_to_its_paper,
 )
 from arag.agent.planner import make_planner, plan_rules, protect, repair_ids, validate_llm_plan
 from arag.agent.reformulator import make_reformulator, reformulate_rules
@@ -586,3 +587,27 @@ def test_an_overview_sentence_cannot_ride_along_with_the_next_ones_citation() ->
     v = verify_literature(draft, passages, scorer)
     assert v.overview == "r/Fakeddit is a multimodal fake news dataset of one million Reddit posts [2]."
     assert (v.claims, v.supported, v.dropped) == (2, 1, 1)
+
+
+def test_a_part_about_the_paper_the_first_part_asks_for() -> None:
+    q1 = "Which paper learns an ontology jointly with a semantic parser"
+    assert refers_to_its_paper(q1, "what data was it evaluated on (learns ontology jointly semantic)")
+    assert refers_to_its_paper(q1, "how large is the paper's grammar")
+    # Papers in the plural, or a first part that asks for no paper, are answered across papers.
+    assert not refers_to_its_paper("Which papers learn an ontology", "what data were they evaluated on")
+    assert not refers_to_its_paper("How do researchers detect fake news", "how well does it work")
+    assert not refers_to_its_paper(q1, "what other parsers exist (learns ontology)")
+
+
+def test_a_part_about_the_paper_is_searched_in_that_paper_alone(lib: Settings, retriever: Retriever) -> None:
+    a = build_agent(lib, retriever, None).run(
+        "Which paper learns an ontology jointly with a semantic parser, and what data was it evaluated on?"
+    )
+    retrieve = next(e for e in a.events if e.node == "retriever")
+    assert "1 part about the first part's paper searched in 1601.00901" in retrieve.decision
+    assert a.form == "literature" and [g.label for g in a.groups] == [
+        "Which paper learns an ontology jointly with a semantic parser",
+        "What data was it evaluated on",
+    ]
+    first, second = a.groups
+    assert first.paper_ids[0] == "1601.00901" and second.paper_ids == ["1601.00901"]

@@ -93,6 +93,9 @@ _OTHERS_WORK = re.compile(
 )
 POINT_MIN_WORDS, POINT_MAX_WORDS = 6, 60
 _REFERS_BACK = re.compile(r"\b(?:it|its|they|their|them|this\s+paper|these\s+papers|the\s+paper)\b", re.I)
+# A first part that asks for one paper, and a later part that refers back to one.
+_ASKS_ONE_PAPER = re.compile(r"^\W*(?:which|what)\s+(?:paper|work|study|article)\b", re.I)
+_REFERS_TO_ONE = re.compile(r"\b(?:it|its|this\s+paper|the\s+paper)\b", re.I)
 _QA_TOPIC = re.compile(r"\bquestion[- ]answering\b|\banswer(?:s|ing)?\s+(?:\w+\s+){0,2}questions\b", re.I)
 # Share of the focus terms a paper's title and abstract must hold for the question to be its subject
 # (a third: "replace" alone is not what "How do I replace the brake pads on a bicycle?" is about).
@@ -194,11 +197,21 @@ def addressing_parts(
                 score[p.paper_id] = max(score.get(p.paper_id, 0.0), ratio)
         ordered = [pid for pid in sorted(best, key=lambda pid: best[pid]) if score[pid] >= min_ratio]
         ok = [pid for pid in ordered if addresses(paper_texts(pid, evidence), terms, names)]
-        if i > 0 and parts[0].paper_ids and _REFERS_BACK.search(without_carried(target)):
+        if i > 0 and parts[0].paper_ids and refers_to_its_paper(plan[0], target):
+            ok = parts[0].paper_ids[:1]
+        elif i > 0 and parts[0].paper_ids and _REFERS_BACK.search(without_carried(target)):
             first = parts[0].paper_ids
             ok = [pid for pid in ok if pid in first] or first[:1]
         parts.append(PaperPart(target=target, paper_ids=ok[:per_part]))
     return parts
+
+
+def refers_to_its_paper(first: str, part: str) -> bool:
+    """Whether a later part asks about the one paper the first part asks for ("Which paper learns X,
+    and what data was *it* evaluated on?"): that part is a question about the first part's best paper,
+    searched in that paper alone (the library-wide search for "what data was it evaluated on" found
+    other ontology papers' evaluation sentences, and this paper's RDF store)."""
+    return bool(_ASKS_ONE_PAPER.match(first) and _REFERS_TO_ONE.search(without_carried(part)))
 
 
 def without_carried(target: str) -> str:

@@ -7,6 +7,7 @@ import re
 
 from arag.agent.answer_type import strip_lead
 from arag.agent.deps import AgentDeps
+from arag.agent.literature import addressing_parts, refers_to_its_paper
 from arag.agent.state import AgentState, Evidence, QueryOutcome, QueryPapers, Step
 from arag.agent.terms import key_terms
 from arag.records import PaperHit, RankedChunk, RankedPaper, SearchFilter
@@ -79,6 +80,58 @@ def is_literature(state: AgentState, results: list[SearchResult]) -> bool:
     return state.get("answer_type") != "yes_no" and any(r.papers for r in results)
 
 
+def first_part_paper(state: AgentState, rankings: list[QueryPapers], min_ratio: float) -> str | None:
+    """The best paper that addresses the first part of an open question: from this pass's ranking for
+    it, else from the last grade (a retry searches only the parts that had no paper)."""
+    plan = list(state.get("plan", []))
+    if any(r.target == plan[0] for r in rankings):
+        evidence = [
+            Evidence(chunk=c.chunk, score=c.score, rerank_score=c.rerank_score, query=r.query,
+                     pass_index=r.pass_index, rank=j)
+            for r in rankings if r.target == plan[0]
+            for j, c in enumerate((c for p in r.papers for c in p.passages), start=1)
+        ]  # fmt: skip
+        ids = addressing_parts(plan[:1], rankings, evidence, per_part=1, min_ratio=min_ratio)[0].paper_ids
+        return ids[0] if ids else None
+    grade = state.get("grade")
+    if grade is not None and grade.parts and grade.parts[0].paper_ids:
+        return grade.parts[0].paper_ids[0]
+    return None
+
+
+def search_pass(
+    deps: AgentDeps, state: AgentState, queries: list[str], targets: list[str]
+) -> tuple[list[SearchResult], str | None, list[int]]:
+    """Each query's search, in query order. A part about the one paper the first part of an open
+    question asks for is searched after the others, in that paper alone (returned, with the parts')
+    indexes); every other query in the state's filter."""
+    settings = deps.settings
+    plan = list(state.get("plan", []))
+    later = [i for i, t in enumerate(targets) if plan and t != plan[0] and refers_to_its_paper(plan[0], t)]
+    first = [i for i in range(len(queries)) if i not in later]
+    flt = state.get("flt")
+    found = deps.retriever.search_many([queries[i] for i in first], flt, concurrent=settings.concurrent)
+    by_index = dict(zip(first, found, strict=True))
+    scoped_to: str | None = None
+    if later:
+        if is_literature(state, found) if found else state.get("literature", False):
+            pass_index = state.get("passes", 0)
+            ranked = [
+                QueryPapers(query=queries[i], target=targets[i], pass_index=pass_index, papers=papers_of(r))
+                for i, r in by_index.items()
+            ]
+            scoped_to = first_part_paper(state, ranked, settings.literature_min_score)
+        if scoped_to is not None:
+            flt = SearchFilter(paper_ids=[scoped_to])
+        rest = deps.retriever.search_many([queries[i] for i in later], flt, concurrent=settings.concurrent)
+        for i, r in zip(later, rest, strict=True):
+            if scoped_to is not None and not r.kept:
+                # Its paper is the part's subject whatever the bars say: its best passages.
+                r = r.model_copy(update={"kept": list(r.ranked[: settings.literature_passages])})
+            by_index[i] = r
+    return [by_index[i] for i in range(len(queries))], scoped_to, later
+
+
 def make_retrieval_node(deps: AgentDeps):
     """The graph's retriever node: it searches the pending queries through ``deps.retriever`` (it
     makes no retriever) and adds the passages not seen yet as evidence."""
@@ -88,7 +141,7 @@ def make_retrieval_node(deps: AgentDeps):
         queries = list(state.get("pending", []))
         targets = list(state.get("pending_targets", queries))
         pass_index = state.get("passes", 0)
-        results = deps.retriever.search_many(queries, state.get("flt"), concurrent=settings.concurrent)
+        results, scoped_to, later = search_pass(deps, state, queries, targets)
         kept_lists = [list(r.kept) for r in results]
         for i, (query, r) in enumerate(zip(queries, results, strict=True)):
             if wants_abstract(query, r):
@@ -162,6 +215,9 @@ def make_retrieval_node(deps: AgentDeps):
         if literature:
             ranked = len({p.paper_id for r in rankings for p in r.papers})
             decision += f"; {ranked} papers ranked"
+        if scoped_to is not None:
+            parts = "1 part" if len(later) == 1 else f"{len(later)} parts"
+            decision += f"; {parts} about the first part's paper searched in {scoped_to}"
         # Summed over sub-queries (which run concurrently, so the sum can exceed the node's time).
         hybrid_ms = sum(r.timings.get("search", 0.0) for r in results)
         rerank_ms = sum(r.timings.get("rerank", 0.0) for r in results)
