@@ -30,6 +30,7 @@ from arag.agent.support import LexicalSupport
 from arag.agent.terms import (
     cited_numbers,
     entities,
+    fragment,
     reported,
     sentences,
     strip_citations,
@@ -611,3 +612,22 @@ def test_a_part_about_the_paper_is_searched_in_that_paper_alone(lib: Settings, r
     ]
     first, second = a.groups
     assert first.paper_ids[0] == "1601.00901" and second.paper_ids == ["1601.00901"]
+
+
+def test_an_overview_keeps_no_fragment_the_llm_copied_from_a_clipped_point() -> None:
+    # The overview prompt clips points at 25 words ("... for a …"); the 1.5B copied such ends, and
+    # cited titles alone. Each was supported word for word by its passage, and none is a sentence.
+    assert fragment("Speech Model Pre-training [9].") and fragment("Incorporating External Knowledge [12].")
+    assert fragment("Social media offers new opportunities for a [4].")
+    assert fragment("It detects propaganda techniques as well as their [3].")
+    assert fragment("BLEU improves for the low-resource language pairs: [9].")
+    assert not fragment("BERT improves accuracy on SQuAD [2].")
+    assert not fragment("Results are in Table 3 [2].")
+
+    text = "Social media offers new opportunities for a study of the mood of users."
+    chunk = _hit("A", 1).chunk.model_copy(update={"text": text, "embed_text": text})
+    passages = [ContextPassage(n=1, chunk=chunk, text=text, score=1.0, tokens=14)]
+    overview = "Social media offers new opportunities for a study of moods [1]. Users share moods for a [1]."
+    draft = Draft(short_answer="", explanation="", mode="llm", overview=overview)
+    v = verify_literature(draft, passages, LexicalSupport())
+    assert v.overview == "Social media offers new opportunities for a study of moods [1]."

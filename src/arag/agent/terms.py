@@ -108,6 +108,20 @@ def unfinished(sentence: str) -> bool:
     return _UNFINISHED.search(sentence) is not None
 
 
+# The end of a sentence an LLM copied from a point clipped mid-phrase ("... new opportunities for a").
+_CLIPPED = re.compile(
+    r"\b(?:a|an|the|its|their|his|her|our|of|for|to|with|and|or|by|on|in|at|from|as|that|which|than)$", re.I
+)
+
+
+def fragment(claim: str) -> bool:
+    """A claim that is no sentence: three words or fewer once its markers are gone (a paper's title
+    cited alone: "Speech Model [9]."), or one that stops mid-phrase, on an article, a preposition or a
+    conjunction, or as :func:`unfinished` says."""
+    text = strip_citations(claim).strip().rstrip(".!?… ").strip()
+    return len(text.split()) <= 3 or _CLIPPED.search(text) is not None or unfinished(text)
+
+
 # Sections where a paper describes other papers' work: a sentence from one, shown as the paper's own
 # point or method, would cite the paper for another paper's work.
 _OTHERS_SECTION = re.compile(r"related|background|previous|prior|other approaches|literature", re.I)

@@ -15,7 +15,15 @@ from arag.agent.literature import literature_short_answer
 from arag.agent.state import AgentState, ContextPassage, Draft, Grade, Step
 from arag.agent.support import SupportScorer
 from arag.agent.synthesizer import with_marker
-from arag.agent.terms import cited_numbers, coverage, key_terms, reported, sentences, strip_citations
+from arag.agent.terms import (
+    cited_numbers,
+    coverage,
+    fragment,
+    key_terms,
+    reported,
+    sentences,
+    strip_citations,
+)
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.records import Answer, AnswerType, ApproachGroup, Citation, PaperHit, PaperPoint, UsedChunk
 from arag.text import tokenize
@@ -144,8 +152,9 @@ def verify_literature(
             "free_form",
             mark=False,
         )
-        # A "sentence" of markers or connectives alone says nothing: an overview keeps only claims.
-        said = [c for c in split_claims(v.explanation) if key_terms(strip_citations(c))]
+        # A "sentence" of markers or connectives alone says nothing, nor does a title cited alone or a
+        # sentence the LLM copied from a clipped point and that stops there: an overview keeps claims.
+        said = [c for c in split_claims(v.explanation) if key_terms(strip_citations(c)) and not fragment(c)]
         out.overview, out.support = " ".join(said), dict(v.support)
         out.claims, out.supported, out.dropped = v.claims, v.supported, v.dropped
     for label, points in draft.groups:
