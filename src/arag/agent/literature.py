@@ -209,8 +209,8 @@ def addressing_parts(
 def refers_to_its_paper(first: str, part: str) -> bool:
     """Whether a later part asks about the one paper the first part asks for ("Which paper learns X,
     and what data was *it* evaluated on?"): that part is a question about the first part's best paper,
-    searched in that paper alone (the library-wide search for "what data was it evaluated on" found
-    other ontology papers' evaluation sentences, and this paper's RDF store)."""
+    searched in that paper alone (searched across the library, "what data was it evaluated on" found
+    other ontology papers' evaluation sentences, and the answer cited them for the data part)."""
     return bool(_ASKS_ONE_PAPER.match(first) and _REFERS_TO_ONE.search(without_carried(part)))
 
 
