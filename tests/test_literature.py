@@ -29,8 +29,10 @@ from arag.agent.state import ContextPassage, Draft, Grade
 from arag.agent.support import LexicalSupport
 from arag.agent.terms import (
     cited_numbers,
+    complete_sentences,
     entities,
     fragment,
+    markers_as_words,
     reported,
     sentences,
     strip_citations,
@@ -631,3 +633,41 @@ def test_an_overview_keeps_no_fragment_the_llm_copied_from_a_clipped_point() -> 
     draft = Draft(short_answer="", explanation="", mode="llm", overview=overview)
     v = verify_literature(draft, passages, LexicalSupport())
     assert v.overview == "Social media offers new opportunities for a study of moods [1]."
+
+
+def test_markers_the_llm_wrote_as_words_are_given_words() -> None:
+    # The 1.5B's overview of reinforcement learning for dialogue (its reply, verbatim but cut short):
+    # the verifier moves each claim's markers to its end, which left "and papers use ...".
+    reply = (
+        "[2] and [7] papers use reinforcement learning for dialogue systems. [2] updates both the dialogue "
+        "policy and belief trackers, while [7] uses reinforcement learning after supervised learning."
+    )
+    assert markers_as_words(reply) == (
+        "Two papers [2] [7] use reinforcement learning for dialogue systems. One paper [2] updates both the "
+        "dialogue policy and belief trackers, while another paper [7] uses reinforcement learning after "
+        "supervised learning."
+    )
+    cases = {
+        "[1], [2] and [3] study sarcasm.": "Three papers [1] [2] [3] study sarcasm.",
+        "Both [1] and [2] also use BERT.": "Both papers [1] [2] also use BERT.",
+        "Results improve [2], and [3] reports it.": "Results improve [2], and one paper [3] reports it.",
+        "It is used in [2] to help.": "It is used in one paper [2] to help.",
+        "The first two papers [1] and [2] parse.": "The first two papers [1] [2] parse.",
+        # Citations after the words they cite stay as they are ("," and "and" between them go).
+        "Sarcasm is studied [1], [2] and [3] in tweets.": "Sarcasm is studied [1] [2] [3] in tweets.",
+        "X is shown with a reward function [4] and a policy [5] in dialogue.": (
+            "X is shown with a reward function [4] and a policy [5] in dialogue."
+        ),
+        "The model [1] is better.": "The model [1] is better.",
+        "[3] Models predict political bias.": "[3] Models predict political bias.",
+    }
+    for text, expected in cases.items():
+        assert markers_as_words(text) == expected, text
+
+
+def test_an_overview_cut_off_mid_sentence_loses_its_last_sentence() -> None:
+    cut = "Two papers [2] [7] use reinforcement learning [2]. One paper [4] uses sentiment to identify"
+    assert complete_sentences(cut) == "Two papers [2] [7] use reinforcement learning [2]."
+    assert complete_sentences("Models detect rumours [2].") == "Models detect rumours [2]."
+    assert complete_sentences('It is called "Fakeddit".') == 'It is called "Fakeddit".'
+    assert complete_sentences("One paper uses a GRU to decode") == ""

@@ -4,7 +4,7 @@ markers and S2ORC placeholders. Shared by the router, planner, grader, context b
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from arag.ingest.splitter import split_sentences
 from arag.text import PLACEHOLDER_PATTERN, STOPWORDS, tokenize
@@ -120,6 +120,79 @@ def fragment(claim: str) -> bool:
     conjunction, or as :func:`unfinished` says."""
     text = strip_citations(claim).strip().rstrip(".!?… ").strip()
     return len(text.split()) <= 3 or _CLIPPED.search(text) is not None or unfinished(text)
+
+
+# Markers the LLM wrote as words of its sentence: "[2] and [7] papers use ...", "..., while [7] uses
+# ...", "[4] updates ...". Removing the markers (the verifier puts them at the end of each claim)
+# would leave "and papers use ..." and "while uses ...".
+_MARKER = re.compile(r"\[(\d+)\]")
+_JOINS_MARKERS = re.compile(r"\s*(?:,|,?\s*and)\s*")
+# What follows a subject: its verb ("uses", "also uses"), not a preposition or a conjunction.
+_AFTER_SUBJECT = re.compile(
+    r"(?:\s+papers?\b)?(?=\s+(?!(?:in|on|at|to|for|of|from|with|by|as|and|or|that|which|respectively|"
+    r"et|the|a|an)\b)[a-z])"
+)
+_NOUN_LEADS = re.compile(r"(?:^|[.!?;:,]|\b(?:while|whereas|and|but|with|both))$", re.I)
+_PREPOSITION_LEADS = re.compile(r"\b(?:in|by|from|of|see|on|with)$", re.I)
+_NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
+
+
+def _markers(marks: Sequence[re.Match[str]]) -> str:
+    return " ".join(f"[{m.group(1)}]" for m in marks)
+
+
+def markers_as_words(text: str) -> str:
+    """The LLM's text with each marker it used as a word of its sentence given words: a subject ("[2]
+    uses ..." -> "one paper [2] uses ...", "[2] and [7] papers use ..." -> "two papers [2] [7] use
+    ..."), or the object of a preposition ("as shown in [2]." -> "in one paper [2]."), so that the text
+    still reads once the verifier moves the markers to the end of their claim. A marker after the words
+    it cites ("... a reward function [4] and ...") is left alone, and the "," and "and" between markers
+    go."""
+    marks = list(_MARKER.finditer(text))
+    out: list[str] = []
+    done, i = 0, 0
+    while i < len(marks):
+        j = i  # the markers joined to this one by "," or "and"
+        while j + 1 < len(marks) and _JOINS_MARKERS.fullmatch(text[marks[j].end() : marks[j + 1].start()]):
+            j += 1
+        # "..., and [3] reports": the last marker alone may start a clause of its own.
+        clause = j > i and re.fullmatch(r"\s*,\s*and\s*", text[marks[j - 1].end() : marks[j].start()])
+        for first in (i, j) if clause else (i,):
+            head = "".join(out) + text[done : marks[first].start()].rstrip()
+            after = _AFTER_SUBJECT.match(text, marks[j].end())
+            subject = after is not None and _NOUN_LEADS.search(head)
+            if not subject and not _PREPOSITION_LEADS.search(head):
+                continue
+            count = j - first + 1
+            if count == 1:
+                sentence = re.split(r"[.!?;:]\s", head)[-1]
+                words = "another paper" if "one paper" in sentence.lower() else "one paper"
+            elif re.search(r"\bboth$", head, re.I):
+                words = "papers"
+            else:
+                words = f"{_NUMBER_WORDS.get(count, 'several')} papers"
+            if not head or head[-1] in ".!?;:":
+                words = words[:1].upper() + words[1:]
+            numbers = _markers(marks[first : j + 1])
+            out.append(f"{text[done : marks[first].start()]}{words} {numbers}")
+            done = after.end() if subject and after is not None else marks[j].end()
+            break
+        else:
+            if j > i:  # citations joined by words: the words go with the markers
+                out.append(text[done : marks[i].start()] + _markers(marks[i : j + 1]))
+                done = marks[j].end()
+        i = j + 1
+    out.append(text[done:])
+    return "".join(out)
+
+
+def complete_sentences(text: str) -> str:
+    """``text`` without a last sentence cut off before its final stop (an LLM reply that ran out of
+    tokens: "... and [13] uses topic-specific sentiment analysis to identify")."""
+    if re.search(r"[.!?][\"')\]]*\s*$", strip_citations(text)) or not text.strip():
+        return text
+    done = sentences(text, lower_starts=True)[:-1]
+    return " ".join(done)
 
 
 # Sections where a paper describes other papers' work: a sentence from one, shown as the paper's own
