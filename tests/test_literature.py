@@ -33,6 +33,7 @@ from arag.agent.terms import (
     entities,
     fragment,
     markers_as_words,
+    ordinals_as_words,
     reported,
     sentences,
     strip_citations,
@@ -671,3 +672,24 @@ def test_an_overview_cut_off_mid_sentence_loses_its_last_sentence() -> None:
     assert complete_sentences("Models detect rumours [2].") == "Models detect rumours [2]."
     assert complete_sentences('It is called "Fakeddit".') == 'It is called "Fakeddit".'
     assert complete_sentences("One paper uses a GRU to decode") == ""
+
+
+def test_papers_the_llm_counted_off_are_one_and_another() -> None:
+    # The 1.5B's hate-speech overview: "first" and "second" are its prompt's order, which no reader sees.
+    counted = (
+        "The first paper proposes a novel task [6], while the second addresses the limitations of "
+        "classifiers [6]. The third emphasizes context [8]."
+    )
+    assert ordinals_as_words(counted) == (
+        "One paper proposes a novel task [6], while another paper addresses the limitations of "
+        "classifiers [6]. Another paper emphasizes context [8]."
+    )
+    assert (
+        ordinals_as_words("The first two papers focus on parsing [2].") == "Two papers focus on parsing [2]."
+    )
+    # Not counting papers: an ordinal is the paper's own word.
+    kept = "The authors present the first code-switching treebank [5]. The second results hold [5]."
+    assert ordinals_as_words(kept) == kept
+    assert ordinals_as_words("The first paper finds gains [1]. The first results show it [1].") == (
+        "One paper finds gains [1]. The first results show it [1]."
+    )

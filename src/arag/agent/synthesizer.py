@@ -27,6 +27,7 @@ from arag.agent.terms import (
     complete_sentences,
     key_terms,
     markers_as_words,
+    ordinals_as_words,
     sentences,
     strip_citations,
     strip_instructions,
@@ -304,8 +305,9 @@ def literature_draft(deps: AgentDeps, question: str, grade: Grade, passages: lis
         else:
             text = re.sub(r"^\W*overview\W*[:\-–]\s*", "", raw.strip(), flags=re.I)
             overview, removed = clean_citations(strip_placeholders(text), {p.n for p in points})
-            # The 1.5B writes markers as words ("[2] uses ...") and runs out of tokens mid-sentence.
-            overview = complete_sentences(markers_as_words(" ".join(overview.split())))
+            # The 1.5B writes markers as words ("[2] uses ..."), counts papers off in an order the reader
+            # never sees ("the second ..."), and runs out of tokens mid-sentence.
+            overview = complete_sentences(ordinals_as_words(markers_as_words(" ".join(overview.split()))))
             mode = "llm" if overview else "extractive"
             if removed:
                 notes.append(f"removed {removed} invalid citation(s)")

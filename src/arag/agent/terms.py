@@ -186,6 +186,38 @@ def markers_as_words(text: str) -> str:
     return "".join(out)
 
 
+# The LLM counting papers off ("The first paper ... while the second ... The third ..."): the order it
+# means is the points' in its prompt, which the reader never sees.
+_COUNTING = re.compile(r"\b[Tt]he first (?:paper|two papers|study|work)\b")
+_ORDINAL = re.compile(
+    r"\b(?P<the>[Tt]he) (?:(?:first|second|third|fourth|fifth|sixth|last)"
+    r"(?P<two> two papers| (?:paper|study|work)\b)"
+    r"|(?:second|third|fourth|fifth|sixth)(?= (?:also )?[a-z]+s\b))"
+)
+
+
+def ordinals_as_words(text: str) -> str:
+    """The LLM's text with the papers it counted off ("The first paper proposes ..., while the second
+    addresses ...") named as one and another ("One paper proposes ..., while another paper addresses
+    ..."). Only in a text that counts papers; "the first treebank" is left alone."""
+    if not _COUNTING.search(text):
+        return text
+    seen = False
+
+    def fix(m: re.Match[str]) -> str:
+        nonlocal seen
+        if (m.group("two") or "").startswith(" two"):
+            words = "two papers"
+        else:
+            words = "another paper" if seen else "one paper"
+            seen = True
+        if m.group("the")[0] == "T":
+            words = words[:1].upper() + words[1:]
+        return words
+
+    return _ORDINAL.sub(fix, text)
+
+
 def complete_sentences(text: str) -> str:
     """``text`` without a last sentence cut off before its final stop (an LLM reply that ran out of
     tokens: "... and [13] uses topic-specific sentiment analysis to identify")."""
