@@ -661,6 +661,9 @@ def test_markers_the_llm_wrote_as_words_are_given_words() -> None:
         ),
         "The model [1] is better.": "The model [1] is better.",
         "[3] Models predict political bias.": "[3] Models predict political bias.",
+        # Markers as the citation cleaner writes lists and ranges.
+        "[2, 7] papers use RL.": "Two papers [2, 7] use RL.",
+        "[2-4] use RL.": "Three papers [2-4] use RL.",
     }
     for text, expected in cases.items():
         assert markers_as_words(text) == expected, text

@@ -125,7 +125,7 @@ def fragment(claim: str) -> bool:
 # Markers the LLM wrote as words of its sentence: "[2] and [7] papers use ...", "..., while [7] uses
 # ...", "[4] updates ...". Removing the markers (the verifier puts them at the end of each claim)
 # would leave "and papers use ..." and "while uses ...".
-_MARKER = re.compile(r"\[(\d+)\]")
+_MARKER = re.compile(r"\[(\d+(?:\s*[,;\-–]\s*\d+)*)\]")
 _JOINS_MARKERS = re.compile(r"\s*(?:,|,?\s*and)\s*")
 # What follows a subject: its verb ("uses", "also uses"), not a preposition or a conjunction.
 _AFTER_SUBJECT = re.compile(
@@ -163,7 +163,7 @@ def markers_as_words(text: str) -> str:
             subject = after is not None and _NOUN_LEADS.search(head)
             if not subject and not _PREPOSITION_LEADS.search(head):
                 continue
-            count = j - first + 1
+            count = sum(len(_expand(m.group(1))) for m in marks[first : j + 1])
             if count == 1:
                 sentence = re.split(r"[.!?;:]\s", head)[-1]
                 words = "another paper" if "one paper" in sentence.lower() else "one paper"
