@@ -356,6 +356,18 @@ def test_a_point_that_ends_where_its_list_begins_loses_to_a_whole_one() -> None:
     )
 
 
+def test_a_papers_joke_is_not_its_point() -> None:
+    # The click-bait filter paper's abstract, which the answer to "How do researchers detect fake news?"
+    # showed as its point.
+    terms = focus_terms("How do researchers detect fake news?")
+    joke = "So, we did this research on fake news detection and trust us, it is great research, it really is!"
+    method = "Disregarding the actual reason, we use features from author profiling and style detection."
+    assert point_score(method, terms, abstract=True) > point_score(joke, terms, abstract=True)
+    assert point_score(joke.rstrip("!") + ".", terms, abstract=True) > point_score(
+        method, terms, abstract=True
+    )
+
+
 def test_a_point_is_not_drawn_from_what_a_paper_says_of_other_papers() -> None:
     # Asked "What methods detect hate speech?", a Greek offensive-language paper's point was its
     # related-work summary of others' classifiers, shown as if the paper had built them.

@@ -228,7 +228,8 @@ def point_score(sentence: str, terms: Sequence[str], *, abstract: bool, section:
     # ("... the following models:") stops where its content begins.
     cue = 0.4 if _CUE.search(sentence) else 0.0
     anaphora = 0.2 if _ANAPHORA.match(sentence) else 0.0
-    cut = 0.5 if unfinished(sentence) else 0.0
+    # An exclamation is a paper's joke or aside ("... it is totally great research, it really is!").
+    cut = 0.5 if unfinished(sentence) or sentence.rstrip().endswith("!") else 0.0
     # A sentence about other papers' work (in a related-work section, or naming "et al.", "their
     # model") would be shown as this paper's point: a last resort, unless it speaks of this paper.
     others = 0.0
