@@ -708,3 +708,12 @@ def test_papers_the_llm_counted_off_are_one_and_another() -> None:
     assert ordinals_as_words("The first paper finds gains [1]. The first results show it [1].") == (
         "One paper finds gains [1]. The first results show it [1]."
     )
+    # The ontology question's two parts, both drawn from 1601.00901 ([1] and [2]): not "another paper".
+    two_parts = "The first paper proposes joint learning [1]. The second paper evaluates it on DBpedia [2]."
+    papers = {1: "1601.00901", 2: "1601.00901", 3: "1708.09025"}
+    assert ordinals_as_words(two_parts, papers) == (
+        "One paper proposes joint learning [1]. The same paper evaluates it on DBpedia [2]."
+    )
+    assert ordinals_as_words(two_parts.replace("[2]", "[3]"), papers) == (
+        "One paper proposes joint learning [1]. Another paper evaluates it on DBpedia [3]."
+    )

@@ -307,7 +307,8 @@ def literature_draft(deps: AgentDeps, question: str, grade: Grade, passages: lis
             overview, removed = clean_citations(strip_placeholders(text), {p.n for p in points})
             # The 1.5B writes markers as words ("[2] uses ..."), counts papers off in an order the reader
             # never sees ("the second ..."), and runs out of tokens mid-sentence.
-            overview = complete_sentences(ordinals_as_words(markers_as_words(" ".join(overview.split()))))
+            worded = markers_as_words(" ".join(overview.split()))
+            overview = complete_sentences(ordinals_as_words(worded, {p.n: p.paper_id for p in points}))
             mode = "llm" if overview else "extractive"
             if removed:
                 notes.append(f"removed {removed} invalid citation(s)")

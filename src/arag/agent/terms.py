@@ -4,7 +4,7 @@ markers and S2ORC placeholders. Shared by the router, planner, grader, context b
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from arag.ingest.splitter import split_sentences
 from arag.text import PLACEHOLDER_PATTERN, STOPWORDS, tokenize
@@ -196,26 +196,35 @@ _ORDINAL = re.compile(
 )
 
 
-def ordinals_as_words(text: str) -> str:
+def ordinals_as_words(text: str, papers: Mapping[int, str] | None = None) -> str:
     """The LLM's text with the papers it counted off ("The first paper proposes ..., while the second
     addresses ...") named as one and another ("One paper proposes ..., while another paper addresses
-    ..."). Only in a text that counts papers; "the first treebank" is left alone."""
+    ..."), or as the same paper when ``papers`` (marker number -> paper id) says a sentence's markers
+    are all of a paper named before (a compound question's two parts drawn from one paper). Only in
+    a text that counts papers; "the first treebank" is left alone."""
     if not _COUNTING.search(text):
         return text
-    seen = False
-
-    def fix(m: re.Match[str]) -> str:
-        nonlocal seen
-        if (m.group("two") or "").startswith(" two"):
-            words = "two papers"
-        else:
-            words = "another paper" if seen else "one paper"
-            seen = True
-        if m.group("the")[0] == "T":
-            words = words[:1].upper() + words[1:]
-        return words
-
-    return _ORDINAL.sub(fix, text)
+    named: set[str] = set()
+    out = []
+    for sentence in sentences(text, lower_starts=True):
+        cited = {papers[n] for n in cited_numbers(sentence) if n in papers} if papers else set()
+        parts, done, replaced = [], 0, False
+        for m in _ORDINAL.finditer(sentence):
+            if (m.group("two") or "").startswith(" two"):
+                words = "two papers"
+            elif cited and cited <= named:
+                words = "the same paper"
+            else:
+                words = "another paper" if named or replaced else "one paper"
+            replaced = True
+            if m.group("the")[0] == "T":
+                words = words[:1].upper() + words[1:]
+            parts.append(sentence[done : m.start()] + words)
+            done = m.end()
+        out.append("".join(parts) + sentence[done:])
+        if replaced:
+            named |= cited or {f"#{len(out)}"}
+    return " ".join(out)
 
 
 def complete_sentences(text: str) -> str:
