@@ -613,6 +613,7 @@ def test_a_part_about_the_paper_the_first_part_asks_for() -> None:
     assert not refers_to_its_paper("Which papers learn an ontology", "what data were they evaluated on")
     assert not refers_to_its_paper("How do researchers detect fake news", "how well does it work")
     assert not refers_to_its_paper(q1, "what other parsers exist (learns ontology)")
+    assert not refers_to_its_paper("What work has been done on sarcasm detection", "how well does it do")
 
 
 def test_a_part_about_the_paper_is_searched_in_that_paper_alone(lib: Settings, retriever: Retriever) -> None:
