@@ -92,11 +92,13 @@ _OTHERS_WORK = re.compile(
     re.I,
 )
 POINT_MIN_WORDS, POINT_MAX_WORDS = 6, 60
-_REFERS_BACK = re.compile(r"\b(?:it|its|they|their|them|this\s+paper|these\s+papers|the\s+paper)\b", re.I)
-# A first part that asks for one paper, and a later part that refers back to one ("What work has been
-# done on X" asks for the literature: "work" is no count noun there).
+# A later part that refers back to one paper, or to the first part's papers.
+_ONE = r"it|its|this\s+paper|the\s+paper"
+_REFERS_TO_ONE = re.compile(rf"\b(?:{_ONE})\b", re.I)
+_REFERS_BACK = re.compile(rf"\b(?:{_ONE}|they|their|them|these\s+papers)\b", re.I)
+# A first part that asks for one paper ("What work has been done on X" asks for the literature:
+# "work" is no count noun there).
 _ASKS_ONE_PAPER = re.compile(r"^\W*(?:which|what)\s+(?:paper|study|article)\b", re.I)
-_REFERS_TO_ONE = re.compile(r"\b(?:it|its|this\s+paper|the\s+paper)\b", re.I)
 _QA_TOPIC = re.compile(r"\bquestion[- ]answering\b|\banswer(?:s|ing)?\s+(?:\w+\s+){0,2}questions\b", re.I)
 # Share of the focus terms a paper's title and abstract must hold for the question to be its subject
 # (a third: "replace" alone is not what "How do I replace the brake pads on a bicycle?" is about).

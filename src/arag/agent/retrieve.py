@@ -114,7 +114,9 @@ def search_pass(
     by_index = dict(zip(first, found, strict=True))
     scoped_to: str | None = None
     if later:
-        if is_literature(state, found) if found else state.get("literature", False):
+        # A retry may search only later parts: whether the question is literature was decided before.
+        literature = is_literature(state, found) if found else bool(state.get("literature", False))
+        if literature:
             pass_index = state.get("passes", 0)
             ranked = [
                 QueryPapers(query=queries[i], target=targets[i], pass_index=pass_index, papers=papers_of(r))

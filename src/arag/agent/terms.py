@@ -25,8 +25,9 @@ _WORD = re.compile(r"[A-Za-z][A-Za-z0-9'\-]*|\d+(?:\.\d+)?")
 _NAME = re.compile(r"\b(?:[A-Za-z]*[A-Z][a-z]*[A-Z0-9][A-Za-z0-9]*(?:-[A-Za-z0-9]+)*|[A-Za-z]+-\d+)\b")
 _QUOTED = re.compile(r"(?<!\w)[\"“‘']([^\"“”‘’]{3,120}?)[\"”’'](?!\w)")
 _PLACEHOLDER = re.compile(rf"\s*\b{PLACEHOLDER_PATTERN}\b", re.I)
-# [3], [1, 2], [1; 4], [2-3] markers.
-CITE = re.compile(r"\s*\[(\d+(?:\s*[,;\-–]\s*\d+)*)\]")
+# [3], [1, 2], [1; 4], [2-3] markers (CITE with the space before one, which strip_citations removes).
+_MARKER_PATTERN = r"\[(\d+(?:\s*[,;\-–]\s*\d+)*)\]"
+CITE = re.compile(r"\s*" + _MARKER_PATTERN)
 # Capitalised words that are not names.
 _NOT_NAMES = frozenset("I A The What Which How Why When Where Who Whom Is Are Do Does Did Can Could".split())
 
@@ -125,7 +126,7 @@ def fragment(claim: str) -> bool:
 # Markers the LLM wrote as words of its sentence: "[2] and [7] papers use ...", "..., while [7] uses
 # ...", "[4] updates ...". Removing the markers (the verifier puts them at the end of each claim)
 # would leave "and papers use ..." and "while uses ...".
-_MARKER = re.compile(r"\[(\d+(?:\s*[,;\-–]\s*\d+)*)\]")
+_MARKER = re.compile(_MARKER_PATTERN)
 _JOINS_MARKERS = re.compile(r"\s*(?:,|,?\s*and)\s*")
 # What follows a subject: its verb ("uses", "also uses"), not a preposition or a conjunction.
 _AFTER_SUBJECT = re.compile(
