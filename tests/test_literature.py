@@ -29,17 +29,20 @@ from arag.agent.state import ContextPassage, Draft, Grade
 from arag.agent.support import LexicalSupport
 from arag.agent.terms import (
     cited_numbers,
-    complete_sentences,
     entities,
-    fragment,
-    markers_as_words,
-    ordinals_as_words,
     reported,
     sentences,
     strip_citations,
     strip_self_reference,
 )
 from arag.agent.verifier import split_claims, verify_literature
+from arag.agent.wording import (
+    complete_sentences,
+    fragment,
+    markers_as_words,
+    ordinals_as_words,
+    this_paper_as_words,
+)
 from arag.eval.open import TitleAbstractBM25, precision_at, recall_at
 from arag.library.manage import load_resolver, open_for_search
 from arag.llm.base import ChatMessage
@@ -718,3 +721,35 @@ def test_papers_the_llm_counted_off_are_one_and_another() -> None:
     assert ordinals_as_words(two_parts.replace("[2]", "[3]"), papers) == (
         "One paper proposes joint learning [1]. Another paper evaluates it on DBpedia [3]."
     )
+
+
+def test_this_paper_in_an_overview_of_several_is_one_and_another() -> None:
+    # The 1.5B's poetry overview: each "This paper" is another paper, and only the markers say which.
+    papers = {3: "2003.11528", 4: "2003.11528", 6: "2003.01119", 7: "1909.09534"}
+    poems = (
+        "This paper proposes generating classical Chinese poems from vernacular [3]. This paper proposes "
+        "a GPT-2 based framework [6]. This paper uses three datasets [7]."
+    )
+    assert this_paper_as_words(poems, papers) == (
+        "One paper proposes generating classical Chinese poems from vernacular [3]. Another paper "
+        "proposes a GPT-2 based framework [6]. Another paper uses three datasets [7]."
+    )
+    # A paper cited before (its two passages [3] and [4]); the noun is the LLM's own.
+    again = (
+        "Poems are generated from vernacular [3]. The study also tests style transfer [4]. "
+        "The work uses GPT-2 [6]."
+    )
+    assert this_paper_as_words(again, papers) == (
+        "Poems are generated from vernacular [3]. The same study also tests style transfer [4]. "
+        "Another work uses GPT-2 [6]."
+    )
+    # One paper cited, a sentence citing two, "this paper" inside a sentence: left as written.
+    # The 1.5B's leading markers stay where it put them (the verifier moves them).
+    led = "[3] This paper proposes a novel task. [6] The paper proposes a framework."
+    assert this_paper_as_words(led, papers) == (
+        "[3] One paper proposes a novel task. [6] Another paper proposes a framework."
+    )
+    one = "This paper proposes X [3]. This paper also evaluates Y [4]."
+    assert this_paper_as_words(one, papers) == one
+    both = "This paper and its follow-up compare X [3] [6]. In this paper, the authors propose Y [7]."
+    assert this_paper_as_words(both, papers) == both

@@ -24,15 +24,13 @@ from arag.agent.state import AgentState, ContextPassage, Draft, Grade, Step
 from arag.agent.terms import (
     cited_numbers,
     clean_citations,
-    complete_sentences,
     key_terms,
-    markers_as_words,
-    ordinals_as_words,
     sentences,
     strip_citations,
     strip_instructions,
     strip_placeholders,
 )
+from arag.agent.wording import complete_sentences, markers_as_words, ordinals_as_words, this_paper_as_words
 from arag.errors import AragError, Cancelled, ModelUnavailable
 from arag.llm.base import ChatMessage, next_token
 from arag.records import AnswerType
@@ -308,7 +306,8 @@ def literature_draft(deps: AgentDeps, question: str, grade: Grade, passages: lis
             # The 1.5B writes markers as words ("[2] uses ..."), counts papers off in an order the reader
             # never sees ("the second ..."), and runs out of tokens mid-sentence.
             worded = markers_as_words(" ".join(overview.split()))
-            overview = complete_sentences(ordinals_as_words(worded, {p.n: p.paper_id for p in points}))
+            ids = {p.n: p.paper_id for p in points}
+            overview = complete_sentences(this_paper_as_words(ordinals_as_words(worded, ids), ids))
             mode = "llm" if overview else "extractive"
             if removed:
                 notes.append(f"removed {removed} invalid citation(s)")

@@ -4,7 +4,7 @@ markers and S2ORC placeholders. Shared by the router, planner, grader, context b
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 
 from arag.ingest.splitter import split_sentences
 from arag.text import PLACEHOLDER_PATTERN, STOPWORDS, tokenize
@@ -26,8 +26,8 @@ _NAME = re.compile(r"\b(?:[A-Za-z]*[A-Z][a-z]*[A-Z0-9][A-Za-z0-9]*(?:-[A-Za-z0-9
 _QUOTED = re.compile(r"(?<!\w)[\"“‘']([^\"“”‘’]{3,120}?)[\"”’'](?!\w)")
 _PLACEHOLDER = re.compile(rf"\s*\b{PLACEHOLDER_PATTERN}\b", re.I)
 # [3], [1, 2], [1; 4], [2-3] markers (CITE with the space before one, which strip_citations removes).
-_MARKER_PATTERN = r"\[(\d+(?:\s*[,;\-–]\s*\d+)*)\]"
-CITE = re.compile(r"\s*" + _MARKER_PATTERN)
+MARKER_PATTERN = r"\[(\d+(?:\s*[,;\-–]\s*\d+)*)\]"
+CITE = re.compile(r"\s*" + MARKER_PATTERN)
 # Capitalised words that are not names.
 _NOT_NAMES = frozenset("I A The What Which How Why When Where Who Whom Is Are Do Does Did Can Could".split())
 
@@ -107,134 +107,6 @@ _UNFINISHED = re.compile(r"(?:[:;,]|\b(?:by|in|of|as|see|from|to|and|with|e\.g|i
 def unfinished(sentence: str) -> bool:
     """The sentence ends on a colon, comma or semicolon, or on a word a removed citation followed."""
     return _UNFINISHED.search(sentence) is not None
-
-
-# The end of a sentence an LLM copied from a point clipped mid-phrase ("... new opportunities for a").
-_CLIPPED = re.compile(
-    r"\b(?:a|an|the|its|their|his|her|our|of|for|to|with|and|or|by|on|in|at|from|as|that|which|than)$", re.I
-)
-
-
-def fragment(claim: str) -> bool:
-    """A claim that is no sentence: three words or fewer once its markers are gone (a paper's title
-    cited alone: "Speech Model [9]."), or one that stops mid-phrase, on an article, a preposition or a
-    conjunction, or as :func:`unfinished` says."""
-    text = strip_citations(claim).strip().rstrip(".!?… ").strip()
-    return len(text.split()) <= 3 or _CLIPPED.search(text) is not None or unfinished(text)
-
-
-# Markers the LLM wrote as words of its sentence: "[2] and [7] papers use ...", "..., while [7] uses
-# ...", "[4] updates ...". Removing the markers (the verifier puts them at the end of each claim)
-# would leave "and papers use ..." and "while uses ...".
-_MARKER = re.compile(_MARKER_PATTERN)
-_JOINS_MARKERS = re.compile(r"\s*(?:,|,?\s*and)\s*")
-# What follows a subject: its verb ("uses", "also uses"), not a preposition or a conjunction.
-_AFTER_SUBJECT = re.compile(
-    r"(?:\s+papers?\b)?(?=\s+(?!(?:in|on|at|to|for|of|from|with|by|as|and|or|that|which|respectively|"
-    r"et|the|a|an)\b)[a-z])"
-)
-_NOUN_LEADS = re.compile(r"(?:^|[.!?;:,]|\b(?:while|whereas|and|but|with|both))$", re.I)
-_PREPOSITION_LEADS = re.compile(r"\b(?:in|by|from|of|see|on|with)$", re.I)
-_NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
-
-
-def _markers(marks: Sequence[re.Match[str]]) -> str:
-    return " ".join(f"[{m.group(1)}]" for m in marks)
-
-
-def markers_as_words(text: str) -> str:
-    """The LLM's text with each marker it used as a word of its sentence given words: a subject ("[2]
-    uses ..." -> "one paper [2] uses ...", "[2] and [7] papers use ..." -> "two papers [2] [7] use
-    ..."), or the object of a preposition ("as shown in [2]." -> "in one paper [2]."), so that the text
-    still reads once the verifier moves the markers to the end of their claim. A marker after the words
-    it cites ("... a reward function [4] and ...") is left alone, and the "," and "and" between markers
-    go."""
-    marks = list(_MARKER.finditer(text))
-    out: list[str] = []
-    done, i = 0, 0
-    while i < len(marks):
-        j = i  # the markers joined to this one by "," or "and"
-        while j + 1 < len(marks) and _JOINS_MARKERS.fullmatch(text[marks[j].end() : marks[j + 1].start()]):
-            j += 1
-        # "..., and [3] reports": the last marker alone may start a clause of its own.
-        clause = j > i and re.fullmatch(r"\s*,\s*and\s*", text[marks[j - 1].end() : marks[j].start()])
-        for first in (i, j) if clause else (i,):
-            head = "".join(out) + text[done : marks[first].start()].rstrip()
-            after = _AFTER_SUBJECT.match(text, marks[j].end())
-            subject = after is not None and _NOUN_LEADS.search(head)
-            if not subject and not _PREPOSITION_LEADS.search(head):
-                continue
-            count = sum(len(_expand(m.group(1))) for m in marks[first : j + 1])
-            if count == 1:
-                sentence = re.split(r"[.!?;:]\s", head)[-1]
-                words = "another paper" if "one paper" in sentence.lower() else "one paper"
-            elif re.search(r"\bboth$", head, re.I):
-                words = "papers"
-            else:
-                words = f"{_NUMBER_WORDS.get(count, 'several')} papers"
-            if not head or head[-1] in ".!?;:":
-                words = words[:1].upper() + words[1:]
-            numbers = _markers(marks[first : j + 1])
-            out.append(f"{text[done : marks[first].start()]}{words} {numbers}")
-            done = after.end() if subject and after is not None else marks[j].end()
-            break
-        else:
-            if j > i:  # citations joined by words: the words go with the markers
-                out.append(text[done : marks[i].start()] + _markers(marks[i : j + 1]))
-                done = marks[j].end()
-        i = j + 1
-    out.append(text[done:])
-    return "".join(out)
-
-
-# The LLM counting papers off ("The first paper ... while the second ... The third ..."): the order it
-# means is the points' in its prompt, which the reader never sees.
-_COUNTING = re.compile(r"\b[Tt]he first (?:paper|two papers|study|work)\b")
-_ORDINAL = re.compile(
-    r"\b(?P<the>[Tt]he) (?:(?:first|second|third|fourth|fifth|sixth|last)"
-    r"(?P<two> two papers| (?:paper|study|work)\b)"
-    r"|(?:second|third|fourth|fifth|sixth)(?= (?:also )?[a-z]+s\b))"
-)
-
-
-def ordinals_as_words(text: str, papers: Mapping[int, str] | None = None) -> str:
-    """The LLM's text with the papers it counted off ("The first paper proposes ..., while the second
-    addresses ...") named as one and another ("One paper proposes ..., while another paper addresses
-    ..."), or as the same paper when ``papers`` (marker number -> paper id) says a sentence's markers
-    are all of a paper named before (a compound question's two parts drawn from one paper). Only in
-    a text that counts papers; "the first treebank" is left alone."""
-    if not _COUNTING.search(text):
-        return text
-    named: set[str] = set()
-    out = []
-    for sentence in sentences(text, lower_starts=True):
-        cited = {papers[n] for n in cited_numbers(sentence) if n in papers} if papers else set()
-        parts, done, replaced = [], 0, False
-        for m in _ORDINAL.finditer(sentence):
-            if (m.group("two") or "").startswith(" two"):
-                words = "two papers"
-            elif cited and cited <= named:
-                words = "the same paper"
-            else:
-                words = "another paper" if named or replaced else "one paper"
-            replaced = True
-            if m.group("the")[0] == "T":
-                words = words[:1].upper() + words[1:]
-            parts.append(sentence[done : m.start()] + words)
-            done = m.end()
-        out.append("".join(parts) + sentence[done:])
-        if replaced:
-            named |= cited or {f"#{len(out)}"}
-    return " ".join(out)
-
-
-def complete_sentences(text: str) -> str:
-    """``text`` without a last sentence cut off before its final stop (an LLM reply that ran out of
-    tokens: "... and [13] uses topic-specific sentiment analysis to identify")."""
-    if re.search(r"[.!?][\"')\]]*\s*$", strip_citations(text)) or not text.strip():
-        return text
-    done = sentences(text, lower_starts=True)[:-1]
-    return " ".join(done)
 
 
 # Sections where a paper describes other papers' work: a sentence from one, shown as the paper's own

@@ -18,12 +18,12 @@ from arag.agent.synthesizer import with_marker
 from arag.agent.terms import (
     cited_numbers,
     coverage,
-    fragment,
     key_terms,
     reported,
     sentences,
     strip_citations,
 )
+from arag.agent.wording import fragment
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.records import Answer, AnswerType, ApproachGroup, Citation, PaperHit, PaperPoint, UsedChunk
 from arag.text import tokenize
