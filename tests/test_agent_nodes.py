@@ -36,7 +36,6 @@ from arag.agent.terms import (
     key_terms,
     sentences,
     strip_citations,
-    strip_placeholders,
     unfinished,
 )
 from arag.agent.verifier import abstain_text, make_verifier, verify_claims
@@ -47,7 +46,7 @@ from arag.retrieval.hybrid import HybridResult
 from arag.retrieval.pipeline import SearchResult
 from arag.retrieval.resolve import PaperRef
 from arag.settings import AgentSettings
-from arag.text import tokenize
+from arag.text import strip_placeholders, tokenize
 
 # --- fixtures: chunks, evidence, passages, deps -------------------------------------------------
 

@@ -18,6 +18,7 @@ from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextContent
 from typer.testing import CliRunner
 
+from arag.agent.terms import has_placeholder
 from arag.api import PAPERS_FIX, Library
 from arag.cli.mcp import register
 from arag.library.manage import build_library
@@ -100,6 +101,7 @@ def test_search_papers_returns_ranked_passages_of_the_named_paper(library: Libra
     for h in hits:
         assert h["paper_id"] == COMPOSE and h["arxiv_url"] == f"https://arxiv.org/abs/{COMPOSE}"
         assert h["title"] and h["text"] and isinstance(h["score"], float)
+        assert not has_placeholder(h["text"])  # BIBREF3 and kin: as the LLM reads the passage
     assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
     text = result.content[0]
     assert isinstance(text, TextContent) and COMPOSE in text.text and hits[0]["text"][:40] in text.text

@@ -16,9 +16,11 @@ import pytest
 from fastapi.testclient import TestClient
 from openapi_spec_validator import validate
 
+from arag.agent.terms import has_placeholder
 from arag.api import Library
 from arag.service import create_app
 from arag.settings import Settings, get_settings
+from arag.text import strip_placeholders
 from service_util import SMALL, echo_llm, running_server, sse_events
 
 COMPOSE = "1601.01705"
@@ -130,6 +132,20 @@ def test_search_shows_every_stage(client: TestClient) -> None:
     for h in body["hits"]:
         assert h["found_by"] and set(h["stage_ranks"]) == set(h["found_by"]) and h["fused_rank"] >= 1
     assert any(h["kept"] for h in body["hits"]) and body["timings"]
+
+
+def test_passages_are_shown_without_citation_stand_ins(client: TestClient, library: Library) -> None:
+    # QASPER's text holds S2ORC's BIBREF3 / TABREF1 stand-ins; the LLM reads it without them, and so
+    # does a reader of the page, the API and MCP (the library keeps the text as it was indexed).
+    question = "How are the networks assembled?"
+    stored = {h.chunk.id: h.chunk.text for h in library.search(question, papers=[COMPOSE], k=20).ranked}
+    assert any(has_placeholder(t) for t in stored.values())
+    hits = client.post("/search", json={"query": question, "papers": [COMPOSE], "k": 20}).json()["hits"]
+    assert {h["chunk_id"] for h in hits} == set(stored)
+    for h in hits:
+        assert h["text"] == strip_placeholders(stored[h["chunk_id"]]) and not has_placeholder(h["text"])
+    answer = client.post("/query", json={"question": question, "papers": [COMPOSE]}).json()
+    assert answer["chunks"] and not any(has_placeholder(c["text"]) for c in answer["chunks"])
 
 
 def test_papers_page_filter_and_detail(client: TestClient) -> None:

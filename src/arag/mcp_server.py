@@ -32,6 +32,7 @@ from arag.retrieval.pipeline import SearchResult
 from arag.service.schemas import MAX_PAPERS, PaperDetail
 from arag.settings import QUESTION_CHARS_CEILING as MAX_QUESTION_CHARS
 from arag.settings import Settings, get_settings
+from arag.text import strip_placeholders
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -168,7 +169,7 @@ def _search_out(query: str, result: SearchResult) -> SearchOut:
                 title=p.title,
                 arxiv_url=arxiv_url(p.paper_id),
                 score=round(p.score, 6),
-                best_passage=p.passages[0].chunk.text if p.passages else "",
+                best_passage=strip_placeholders(p.passages[0].chunk.text) if p.passages else "",
             )
             for p in result.papers
         ],
@@ -180,7 +181,7 @@ def _search_out(query: str, result: SearchResult) -> SearchOut:
                 section=h.chunk.section,
                 arxiv_url=arxiv_url(h.chunk.paper_id),
                 score=round(h.score, 4),
-                text=h.chunk.text,
+                text=strip_placeholders(h.chunk.text),
             )
             for i, h in enumerate(result.ranked, 1)
         ],

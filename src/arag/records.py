@@ -261,7 +261,11 @@ class UsedChunk(BaseModel):
     score: float
     query: str
     pass_index: int = Field(description="0: the first retrieval pass, 1: the retry")
-    text: str = Field(default="", description="the chunk's text, so a citation can show its passage")
+    text: str = Field(
+        default="",
+        description="the chunk's text, so a citation can show its passage (citation stand-ins such as "
+        "BIBREF3 removed, as the LLM read it)",
+    )
 
 
 class Coverage(BaseModel):

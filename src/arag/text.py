@@ -39,9 +39,27 @@ _STOPWORDS_TEXT = """
 STOPWORDS: frozenset[str] = frozenset(_STOPWORDS_TEXT.split())
 
 # S2ORC/QASPER stand-ins for citations, tables, figures, sections, equations and formulas; the one
-# spelling of them (agent/terms.py removes them from answers with the same pattern).
+# spelling of them (strip_placeholders removes them from what the LLM reads and the reader sees).
 PLACEHOLDER_PATTERN = r"(?:BIBREF|TABREF|FIGREF|SECREF|EQREF|INLINEFORM|DISPLAYFORM)\d+"
 _PLACEHOLDER = re.compile(PLACEHOLDER_PATTERN, re.IGNORECASE)
+# A stand-in with the space before it, as removed from text that is read.
+_PLACEHOLDER_SPACE = re.compile(rf"\s*\b{PLACEHOLDER_PATTERN}\b", re.IGNORECASE)
+_EMPTY_PARENS = re.compile(r"\s*\(\s*(?:[,;]\s*)*\)")
+_SPACE_BEFORE = re.compile(r"\s+([.,;:)])")
+_PUNCT_RUN = re.compile(r"([,;:])(?:\s*[,;:])+")
+_PUNCT_BEFORE_STOP = re.compile(r"[,;:]+(?=\.)")
+
+
+def strip_placeholders(text: str) -> str:
+    """Remove S2ORC's BIBREF0 / TABREF1 / ... stand-ins (meaningless in an answer), and the marks
+    they leave behind: "models () and", "in Table )", "by BIBREF1, BIBREF2." read "models and",
+    "in Table)", "by." (punctuation only: the words, and so every lexical check, stay the same)."""
+    t = _EMPTY_PARENS.sub("", _PLACEHOLDER_SPACE.sub("", text))
+    t = _SPACE_BEFORE.sub(r"\1", t)
+    t = _PUNCT_BEFORE_STOP.sub("", _PUNCT_RUN.sub(r"\1", t))
+    return t.strip()
+
+
 # A token ending in a digit may continue with ".<digits>" (decimals, versions, arXiv ids).
 _TOKEN = re.compile(r"[^\W_]*\d(?:\.\d+)+|[^\W_]+")
 

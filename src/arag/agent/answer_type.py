@@ -8,8 +8,9 @@ from __future__ import annotations
 import re
 
 from arag.agent import prompts
-from arag.agent.terms import CITE, is_placeholder, strip_placeholders
+from arag.agent.terms import CITE, is_placeholder
 from arag.records import AnswerType
+from arag.text import strip_placeholders
 
 # "In the paper 'T': ..." / "In 1601.00901, ..." leads, which say nothing about the answer's kind.
 LEAD = re.compile(

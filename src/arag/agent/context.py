@@ -15,10 +15,9 @@ from arag.agent.terms import (
     safe_label,
     sentences,
     strip_instructions,
-    strip_placeholders,
 )
 from arag.settings import AgentSettings
-from arag.text import tokenize
+from arag.text import strip_placeholders, tokenize
 
 GAP = " … "
 # A query's best passage that shares no word with the question still goes in (the reranker may

@@ -31,13 +31,12 @@ from arag.agent.terms import (
     sentences,
     strip_citations,
     strip_instructions,
-    strip_placeholders,
     strip_self_reference,
     term_words,
     unfinished,
 )
 from arag.records import RankedPaper
-from arag.text import held_terms, tokenize
+from arag.text import held_terms, strip_placeholders, tokenize
 
 # Words of an open question's frame ("how do researchers usually ...") that no passage needs to hold.
 _FRAME = frozenset(

@@ -32,13 +32,12 @@ from arag.agent.terms import (
     reported,
     sentences,
     strip_citations,
-    strip_placeholders,
     term_words,
 )
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.errors import AragError, Cancelled
 from arag.llm.base import LLM
-from arag.text import tokenize
+from arag.text import strip_placeholders, tokenize
 
 log = logging.getLogger(__name__)
 

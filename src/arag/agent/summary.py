@@ -35,7 +35,6 @@ from arag.agent.terms import (
     reported,
     sentences,
     strip_instructions,
-    strip_placeholders,
     unfinished,
 )
 from arag.agent.verifier import verify_claims
@@ -44,6 +43,7 @@ from arag.errors import AragError, Cancelled
 from arag.llm.base import LLM
 from arag.records import Answer, Chunk, Citation, NodeEvent, SearchFilter, UsedChunk
 from arag.retrieval.pipeline import SearchResult
+from arag.text import strip_placeholders
 
 log = logging.getLogger(__name__)
 
@@ -371,7 +371,7 @@ def iter_summary(
             n=n,
             chunk_id=chunks[n].id,
             section=chunks[n].section,
-            text=chunks[n].text,
+            text=strip_placeholders(chunks[n].text),
             support=round(support.get(n, 0.0), 4),
         )
         for n in cited

@@ -22,12 +22,12 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from arag.agent import prompts
-from arag.agent.terms import key_terms, strip_citations, strip_placeholders
+from arag.agent.terms import key_terms, strip_citations
 from arag.errors import AragError, ModelError, ModelUnavailable
 from arag.llm.base import LLM, ChatMessage
 from arag.models.onnx_files import CARD_FILE, MODEL_FILE
 from arag.models.reranker import OnnxReranker
-from arag.text import tokenize
+from arag.text import strip_placeholders, tokenize
 
 log = logging.getLogger(__name__)
 

@@ -28,13 +28,12 @@ from arag.agent.terms import (
     sentences,
     strip_citations,
     strip_instructions,
-    strip_placeholders,
 )
 from arag.agent.wording import complete_sentences, markers_as_words, ordinals_as_words, this_paper_as_words
 from arag.errors import AragError, Cancelled, ModelUnavailable
 from arag.llm.base import ChatMessage, next_token
 from arag.records import AnswerType
-from arag.text import tokenize
+from arag.text import strip_placeholders, tokenize
 
 log = logging.getLogger(__name__)
 

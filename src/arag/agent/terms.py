@@ -78,25 +78,9 @@ def has_entity(entity: str, text_lower: str) -> bool:
     )
 
 
-_EMPTY_PARENS = re.compile(r"\s*\(\s*(?:[,;]\s*)*\)")
-_SPACE_BEFORE = re.compile(r"\s+([.,;:)])")
-_PUNCT_RUN = re.compile(r"([,;:])(?:\s*[,;:])+")
-_PUNCT_BEFORE_STOP = re.compile(r"[,;:]+(?=\.)")
-
-
 def has_placeholder(text: str) -> bool:
     """Whether ``text`` holds a BIBREF0 / TABREF1 / ... stand-in (what it said is not in the text)."""
     return _PLACEHOLDER.search(text) is not None
-
-
-def strip_placeholders(text: str) -> str:
-    """Remove S2ORC's BIBREF0 / TABREF1 / ... stand-ins (meaningless in an answer), and the marks
-    they leave behind: "models () and", "in Table )", "by BIBREF1, BIBREF2." read "models and",
-    "in Table)", "by." (punctuation only: the words, and so every lexical check, stay the same)."""
-    t = _EMPTY_PARENS.sub("", _PLACEHOLDER.sub("", text))
-    t = _SPACE_BEFORE.sub(r"\1", t)
-    t = _PUNCT_BEFORE_STOP.sub("", _PUNCT_RUN.sub(r"\1", t))
-    return t.strip()
 
 
 # A sentence that does not stand alone out of its paragraph: it stops where its content begins

@@ -26,7 +26,7 @@ from arag.agent.terms import (
 from arag.agent.wording import fragment
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.records import Answer, AnswerType, ApproachGroup, Citation, PaperHit, PaperPoint, UsedChunk
-from arag.text import tokenize
+from arag.text import strip_placeholders, tokenize
 
 UNSUPPORTED_MARK = " (not supported by the cited passages)"
 # A span answer must have this share of its words in the passages: a span comes from a paper.
@@ -292,7 +292,7 @@ def make_verifier(deps: AgentDeps):
                 score=round(e.score, 4),
                 query=e.query,
                 pass_index=e.pass_index,
-                text=e.chunk.text,
+                text=strip_placeholders(e.chunk.text),
             )
             for e in state.get("evidence", [])
         ]

@@ -300,6 +300,7 @@ def search_cmd(
     from arag.library.manage import open_retrieval
     from arag.models.reranker import IdentityReranker
     from arag.records import SearchFilter
+    from arag.text import strip_placeholders
 
     if limit < 1:
         raise InputError(f"-k must be at least 1, got {limit}", where="-k", fix="ask for 1 or more passages")
@@ -363,7 +364,8 @@ def search_cmd(
             f"fused #{h.fused_rank} · {'+'.join(h.found_by) or '-'}{marks}"
         )
         console.print(line, soft_wrap=False, highlight=False)
-        text = c.text if len(c.text) <= 600 else c.text[:600] + " …"
+        shown = strip_placeholders(c.text)
+        text = shown if len(shown) <= 600 else shown[:600] + " …"
         console.print(Padding(escape(text), (0, 0, 1, 4)), highlight=False)
     console.print(
         f"[dim]{result.model}: {len(result.kept)} kept of {len(result.ranked)} candidates; "

@@ -15,6 +15,7 @@ from arag.llm.process import ProcessInfo
 from arag.records import Answer, Coverage, NodeEvent
 from arag.retrieval.pipeline import SearchResult, found_by
 from arag.settings import QUESTION_CHARS_CEILING as MAX_QUESTION_CHARS
+from arag.text import strip_placeholders
 
 MAX_PAPERS = 50
 
@@ -133,7 +134,7 @@ class SearchResponse(BaseModel):
                 title=h.chunk.title,
                 section=h.chunk.section,
                 type=h.chunk.type,
-                text=h.chunk.text,
+                text=strip_placeholders(h.chunk.text),
                 arxiv_url=arxiv_url(h.chunk.paper_id),
                 score=round(h.score, 4),
                 rerank_score=None if h.rerank_score is None else round(h.rerank_score, 4),
@@ -169,7 +170,7 @@ class SearchResponse(BaseModel):
                             chunk_id=c.chunk.id,
                             section=c.chunk.section,
                             type=c.chunk.type,
-                            text=c.chunk.text,
+                            text=strip_placeholders(c.chunk.text),
                             rerank_score=None if c.rerank_score is None else round(c.rerank_score, 4),
                         )
                         for c in p.passages
