@@ -25,12 +25,14 @@ from arag.agent.reformulator import make_reformulate_edge, make_reformulator, re
 from arag.agent.retrieve import wants_abstract, with_abstract
 from arag.agent.router import make_about, make_direct, make_router, route_edge, route_rules
 from arag.agent.state import AgentState, ContextPassage, Draft, Evidence, Grade, QueryOutcome
+from arag.agent.summary import extractive_part
 from arag.agent.support import LexicalSupport, LLMJudgeSupport, SupportScorer
 from arag.agent.synthesizer import check_llm_draft, extractive_draft, parse_reply
 from arag.agent.terms import (
     cited_numbers,
     clean_citations,
     entities,
+    exclaims,
     has_placeholder,
     is_placeholder,
     key_terms,
@@ -431,6 +433,17 @@ def test_an_unfinished_sentence_is_one_that_cannot_stand_alone() -> None:
     assert unfinished(strip_placeholders("We use the splits as released by BIBREF12, BIBREF13."))
     assert not unfinished("We fine-tune BERT on SQuAD and report F1.")
     assert not unfinished("The ratio of positive to negative pairs is 3:1.")
+
+
+def test_an_exclamation_is_neither_a_point_nor_a_summary_sentence() -> None:
+    # The click-bait filter paper's abstract: a joke, which the answers' points already passed over.
+    joke = "So, we propose this framework for fake news and trust us, it is totally great, it really is!"
+    assert exclaims(joke) and exclaims('It "works!"') and not exclaims("We propose a filter (see Table 2).")
+    method = "We propose a filter based on features from author profiling and style detection."
+    chunk = _chunk("p:0", "1", f"{joke} {method}", section="Abstract")
+    draft = extractive_part("method", [_passage(1, chunk)])
+    assert draft is not None and draft.explanation == method.replace(".", " [1].")
+    assert extractive_part("method", [_passage(1, _chunk("p:1", "1", joke))]) is None
 
 
 # --- grader ------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from arag.agent.state import ContextPassage, Evidence, Grade, PaperPart, QueryPa
 from arag.agent.terms import (
     about_others,
     entities,
+    exclaims,
     has_entity,
     held_share,
     key_terms,
@@ -227,11 +228,10 @@ def point_score(sentence: str, terms: Sequence[str], *, abstract: bool, section:
     share = sum(t in have for t in terms) / len(terms) if terms else 0.0
     # A sentence that says what the paper does beats one more on the topic; one that opens with a
     # pronoun ("It is at the core of ...") reads badly out of its paragraph, and an unfinished one
-    # ("... the following models:") stops where its content begins.
+    # ("... the following models:") stops where its content begins; an exclamation is an aside.
     cue = 0.4 if _CUE.search(sentence) else 0.0
     anaphora = 0.2 if _ANAPHORA.match(sentence) else 0.0
-    # An exclamation is a paper's joke or aside ("... it is totally great research, it really is!").
-    cut = 0.5 if unfinished(sentence) or sentence.rstrip().endswith("!") else 0.0
+    cut = 0.5 if unfinished(sentence) or exclaims(sentence) else 0.0
     # A sentence about other papers' work (in a related-work section, or naming "et al.", "their
     # model") would be shown as this paper's point: a last resort, unless it speaks of this paper.
     others = 0.0

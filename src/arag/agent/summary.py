@@ -30,6 +30,7 @@ from arag.agent.terms import (
     about_others,
     cited_numbers,
     clean_citations,
+    exclaims,
     has_placeholder,
     key_terms,
     reported,
@@ -217,7 +218,7 @@ def extractive_part(
         for j, sent in enumerate(sentences(raw)):
             clean = strip_placeholders(sent)
             words = clean.split()
-            if not 6 <= len(words) <= 60 or unfinished(clean) or not clean[:1].isupper():
+            if not 6 <= len(words) <= 60 or unfinished(clean) or exclaims(clean) or not clean[:1].isupper():
                 continue
             phrasing = len(CUES[aspect].findall(clean))
             if phrasing == 0 or (used is not None and clean in used):

@@ -88,6 +88,12 @@ def has_placeholder(text: str) -> bool:
 _UNFINISHED = re.compile(r"(?:[:;,]|\b(?:by|in|of|as|see|from|to|and|with|e\.g|i\.e)[.,;:]?)\s*$", re.I)
 
 
+def exclaims(sentence: str) -> bool:
+    """An exclamation: a paper's joke or aside ("... it is totally great research, it really is!"), not
+    what the paper does; neither an answer's point nor a summary's sentence."""
+    return re.search(r"![\"'”’)\]]*\s*$", sentence) is not None
+
+
 def unfinished(sentence: str) -> bool:
     """The sentence ends on a colon, comma or semicolon, or on a word a removed citation followed."""
     return _UNFINISHED.search(sentence) is not None
