@@ -581,6 +581,15 @@ def test_reported_puts_a_papers_we_in_the_third_person() -> None:
     # Words that only begin with the pronouns are left alone.
     assert reported("Western users usually trust ourselves.") == "Western users usually trust themselves."
     assert reported("Wearable user studies.") == "Wearable user studies."
+    # A sentence that names the authors only by "our": "Their method ..." out of its paper reads as
+    # someone else's. Its first "our" is the authors', the next one theirs; with a "we", "their".
+    assert reported("Our method beats our baseline. To the best of our knowledge, it is new.") == (
+        "The authors' method beats their baseline. To the best of the authors' knowledge, it is new."
+    )
+    assert reported("In our work, we introduce co-attention.") == (
+        "In their work, the authors introduce co-attention."
+    )
+    assert reported("The US team and our model.") == "The US team and the authors' model."
 
 
 def test_an_overview_sentence_cannot_ride_along_with_the_next_ones_citation() -> None:

@@ -333,15 +333,29 @@ _FIRST_PERSON_RX = re.compile(
 )
 
 
+# The authors as the paper names them in a sentence: as its subject or object, and as "our".
+_WE = re.compile(r"\b(?:[Ww]e|us|[Oo]urselves)\b")
+_OUR = re.compile(r"\b[Oo]urs?\b")
+_STOP = re.compile(r"[.!?](?:\s|$)")
+
+
 def reported(text: str) -> str:
     """A paper's sentence in the third person: "we" is "the authors", "our" is "their", and so on,
-    with the capital kept at a sentence's start. "US" (the country) is left alone."""
+    with the capital kept at a sentence's start. The first "our" of a sentence with no "we" in it is
+    "the authors'": "Our approach compares favorably ..." out of its paper, as "Their approach ...",
+    reads as someone else's. "US" (the country) is left alone."""
 
     def swap(m: re.Match[str]) -> str:
         word = m.group(1)
         if word.isupper() and len(word) > 1:
             return word
-        said = _FIRST_PERSON[word.lower().replace("\u2019", "'")]
+        key = word.lower().replace("\u2019", "'")
+        said = _FIRST_PERSON[key]
+        if key == "our":
+            start = max((x.end() for x in _STOP.finditer(text, 0, m.start())), default=0)
+            end = next((x.start() for x in _STOP.finditer(text, m.end())), len(text))
+            if not _WE.search(text, start, end) and not _OUR.search(text, start, m.start()):
+                said = "the authors'"
         return said[:1].upper() + said[1:] if word[:1].isupper() else said
 
     return _FIRST_PERSON_RX.sub(swap, text)
