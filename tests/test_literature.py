@@ -20,6 +20,7 @@ from arag.agent.literature import (
     draw_point,
     focus_terms,
     group_points,
+    literature_short_answer,
     point_score,
     refers_to_its_paper,
 )
@@ -762,3 +763,18 @@ def test_this_paper_in_an_overview_of_several_is_one_and_another() -> None:
     assert this_paper_as_words(one, papers) == one
     both = "This paper and its follow-up compare X [3] [6]. In this paper, the authors propose Y [7]."
     assert this_paper_as_words(both, papers) == both
+
+
+def test_the_short_answer_counts_each_groups_papers() -> None:
+    # The first label alone ("8 papers: Neural networks (CNN, RNN, attention)") read as if it were all 8.
+    groups = [("Neural networks (CNN, RNN, attention)", ["a", "b"]), ("Other approaches", ["c", "d", "e"])]
+    assert literature_short_answer(groups, 5) == (
+        "5 papers: Neural networks (CNN, RNN, attention) (2); Other approaches (3)"
+    )
+    # One group of fewer than three papers has no label to give; a compound question's parts may
+    # share a paper, which each part counts (and the total once).
+    assert literature_short_answer([("Papers", ["a", "b"])], 2) == "2 papers"
+    assert literature_short_answer(
+        [("Ways to detect fake news", ["a", "b", "b"]), ("Where they fail", ["b"])], 2
+    ) == ("2 papers: Ways to detect fake news (2); Where they fail (1)")
+    assert literature_short_answer([("Papers", ["a"])], 1) == "1 paper"

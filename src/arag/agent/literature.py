@@ -309,11 +309,13 @@ def format_points(points: Sequence[Point], max_words: int = 25, max_points: int 
     return "\n".join(lines)
 
 
-def literature_short_answer(groups: Sequence[tuple[str, Sequence[object]]], n_papers: int) -> str:
-    """The short answer of a literature answer: how many papers, and the groups' labels."""
+def literature_short_answer(groups: Sequence[tuple[str, Sequence[str]]], n_papers: int) -> str:
+    """The short answer of a literature answer: how many papers, and how many in each group ("8 papers:
+    Neural networks (CNN, RNN, attention) (2); Other approaches (6)"; the first label alone had read
+    as if it were all 8). ``groups``: each group's label and paper ids."""
     noun = "paper" if n_papers == 1 else "papers"
-    labels = [g for g, _ in groups if g not in ("Papers", "Other approaches")]
-    return f"{n_papers} {noun}" + (": " + "; ".join(labels) if labels else "")
+    named = [(label, len(set(ids))) for label, ids in groups if label != "Papers"]
+    return f"{n_papers} {noun}" + (": " + "; ".join(f"{label} ({k})" for label, k in named) if named else "")
 
 
 def grade_literature(

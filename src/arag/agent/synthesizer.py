@@ -312,7 +312,7 @@ def literature_draft(deps: AgentDeps, question: str, grade: Grade, passages: lis
                 notes.append(f"removed {removed} invalid citation(s)")
     n_papers = len({p.paper_id for p in points})
     return Draft(
-        short_answer=literature_short_answer(groups, n_papers),
+        short_answer=literature_short_answer([(g, [p.paper_id for p in pts]) for g, pts in groups], n_papers),
         explanation=overview,
         mode=mode,  # type: ignore[arg-type]
         notes=notes,
