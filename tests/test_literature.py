@@ -36,9 +36,10 @@ from arag.agent.terms import (
     strip_citations,
     strip_self_reference,
 )
-from arag.agent.verifier import split_claims, verify_literature
+from arag.agent.verifier import misattributed, split_claims, verify_literature
 from arag.agent.wording import (
     complete_sentences,
+    first_mention,
     fragment,
     markers_as_words,
     ordinals_as_words,
@@ -778,3 +779,30 @@ def test_the_short_answer_counts_each_groups_papers() -> None:
         [("Ways to detect fake news", ["a", "b", "b"]), ("Where they fail", ["b"])], 2
     ) == ("2 papers: Ways to detect fake news (2); Where they fail (1)")
     assert literature_short_answer([("Papers", ["a"])], 1) == "1 paper"
+
+
+def test_an_overview_claim_drawn_from_papers_it_does_not_cite_is_dropped() -> None:
+    # The 1.5B's gender-bias overview gave paper [3] the method of a paper it did not cite.
+    claim = (
+        "The proposed approach for mitigating gender bias is to treat it as a domain adaptation problem [3]."
+    )
+    cited = "We propose a new loss function for mitigating gender bias in word-level language models."
+    other = "Reducing gender bias in machine translation as a domain adaptation problem: we treat it so."
+    assert misattributed(claim, cited, other)
+    # The words are the cited paper's, or nobody's: kept (a claim the cited passages do not support is
+    # the support check's to drop).
+    assert not misattributed(claim, cited + " We treat it as domain adaptation.", other)
+    assert not misattributed(claim, cited, "Unrelated text about parsing.")
+    # Two terms only in another paper are not enough.
+    assert not misattributed(
+        "SIM and the policy both use a GRU to decode [8].", "A GRU decodes the policy.", "SIM"
+    )
+
+
+def test_the_overview_names_its_first_paper_one_once_the_claims_before_it_are_dropped() -> None:
+    assert (
+        first_mention("Another paper finds that images help [12].")
+        == "One paper finds that images help [12]."
+    )
+    assert first_mention("[8] The same study uses context.") == "[8] One study uses context."
+    assert first_mention("Another approach uses context [8].") == "Another approach uses context [8]."

@@ -18,15 +18,16 @@ from arag.agent.synthesizer import with_marker
 from arag.agent.terms import (
     cited_numbers,
     coverage,
+    holds,
     key_terms,
     reported,
     sentences,
     strip_citations,
 )
-from arag.agent.wording import fragment
+from arag.agent.wording import first_mention, fragment
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.records import Answer, AnswerType, ApproachGroup, Citation, PaperHit, PaperPoint, UsedChunk
-from arag.text import strip_placeholders, tokenize
+from arag.text import held_terms, strip_placeholders, tokenize
 
 UNSUPPORTED_MARK = " (not supported by the cited passages)"
 # A span answer must have this share of its words in the passages: a span comes from a paper.
@@ -136,6 +137,24 @@ class VerifiedLiterature:
     dropped: int = 0
 
 
+# An overview claim a third of whose words (three at least) are found only in papers it does not cite
+# drew on them: the 1.5B lists six papers' approaches and cites one ("Several papers propose ...
+# rhetorical analysis, ..., a hard-selection approach ... [15]"), or gives one paper another's method
+# ("... treat it as a domain adaptation problem [3]", the title of a paper it did not cite).
+MISATTRIBUTED_SHARE = 0.3
+MISATTRIBUTED_TERMS = 3
+
+
+def misattributed(claim: str, cited: str, others: str) -> bool:
+    """Whether an overview claim draws on papers it does not cite: enough of its key terms are in
+    ``others`` (the passages of the papers it does not cite) and not in ``cited`` (those of the
+    papers it cites), a term counting in any of its spellings."""
+    terms = key_terms(strip_citations(claim))
+    held_cited, held_others = held_terms(cited), held_terms(others)
+    only = [t for t in terms if not holds(held_cited, t) and holds(held_others, t)]
+    return len(only) >= MISATTRIBUTED_TERMS and len(only) >= MISATTRIBUTED_SHARE * len(terms)
+
+
 def verify_literature(
     draft: Draft, passages: list[ContextPassage], scorer: SupportScorer
 ) -> VerifiedLiterature:
@@ -155,8 +174,22 @@ def verify_literature(
         # A "sentence" of markers or connectives alone says nothing, nor does a title cited alone or a
         # sentence the LLM copied from a clipped point and that stops there: an overview keeps claims.
         said = [c for c in split_claims(v.explanation) if key_terms(strip_citations(c)) and not fragment(c)]
-        out.overview, out.support = " ".join(said), dict(v.support)
         out.claims, out.supported, out.dropped = v.claims, v.supported, v.dropped
+        by_paper: dict[str, list[str]] = {}
+        for p in passages:
+            by_paper.setdefault(p.chunk.paper_id, []).append(p.full_text)
+        attributed: list[str] = []
+        for c in said:
+            papers = {by_n[n].chunk.paper_id for n in cited_numbers(c) if n in by_n}
+            cited = " ".join(t for pid in papers for t in by_paper[pid])
+            others = " ".join(t for pid, texts in by_paper.items() if pid not in papers for t in texts)
+            if misattributed(c, cited, others):
+                out.supported, out.dropped = out.supported - 1, out.dropped + 1
+            else:
+                attributed.append(c)
+        # The LLM named its papers one and another in its own order; the first left is the first named.
+        attributed[:1] = [first_mention(c) for c in attributed[:1]]
+        out.overview, out.support = " ".join(attributed), dict(v.support)
     for label, points in draft.groups:
         kept: list[tuple[int, str]] = []
         for n, sentence in points:

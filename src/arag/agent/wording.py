@@ -159,6 +159,18 @@ def this_paper_as_words(text: str, papers: Mapping[int, str]) -> str:
     return " ".join(out)
 
 
+_LATER_MENTION = re.compile(
+    rf"^(?P<lead>(?:{MARKER_PATTERN}\s*)*)(?:Another|The same) (?P<noun>paper|study|work|article)\b"
+)
+
+
+def first_mention(claim: str) -> str:
+    """The first claim of an overview as the first mention of its paper: "Another paper finds ..."
+    reads "One paper finds ..." once the claims before it were dropped."""
+    m = _LATER_MENTION.match(claim)
+    return claim if m is None else f"{m.group('lead')}One {m.group('noun')}" + claim[m.end() :]
+
+
 def complete_sentences(text: str) -> str:
     """``text`` without a last sentence cut off before its final stop (an LLM reply that ran out of
     tokens: "... and [13] uses topic-specific sentiment analysis to identify")."""
