@@ -691,6 +691,9 @@ def test_markers_the_llm_wrote_as_words_are_given_words() -> None:
         # Markers as the citation cleaner writes lists and ranges.
         "[2, 7] papers use RL.": "Two papers [2, 7] use RL.",
         "[2-4] use RL.": "Three papers [2-4] use RL.",
+        # The 1.5B's "The study by [3]": the marker names the study ("by one paper" is no author).
+        "The study by [3] proposes a method.": "The study [3] proposes a method.",
+        "The authors of [4] say so.": "The authors of one paper [4] say so.",
     }
     for text, expected in cases.items():
         assert markers_as_words(text) == expected, text

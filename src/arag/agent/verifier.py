@@ -137,19 +137,21 @@ class VerifiedLiterature:
     dropped: int = 0
 
 
-# An overview claim a third of whose words (three at least) are found only in papers it does not cite
-# drew on them: the 1.5B lists six papers' approaches and cites one ("Several papers propose ...
-# rhetorical analysis, ..., a hard-selection approach ... [15]"), or gives one paper another's method
-# ("... treat it as a domain adaptation problem [3]", the title of a paper it did not cite).
+# An overview claim a third of whose words (three at least) are found only in the passages of papers it
+# does not cite drew on them: the 1.5B lists six papers' approaches and cites one ("Several papers
+# propose ... rhetorical analysis, ..., a hard-selection approach ... [15]"), or gives one paper
+# another's method ("... treat it as a domain adaptation problem [3]", the title of a paper it did not
+# cite). The words that name papers ("one paper", "another study": wording.py's) do not count.
 MISATTRIBUTED_SHARE = 0.3
 MISATTRIBUTED_TERMS = 3
+_NAMING_WORDS = frozenset(tokenize("one another same two three four five six paper study work article"))
 
 
 def misattributed(claim: str, cited: str, others: str) -> bool:
     """Whether an overview claim draws on papers it does not cite: enough of its key terms are in
     ``others`` (the passages of the papers it does not cite) and not in ``cited`` (those of the
     papers it cites), a term counting in any of its spellings."""
-    terms = key_terms(strip_citations(claim))
+    terms = [t for t in key_terms(strip_citations(claim)) if t not in _NAMING_WORDS]
     held_cited, held_others = held_terms(cited), held_terms(others)
     only = [t for t in terms if not holds(held_cited, t) and holds(held_others, t)]
     return len(only) >= MISATTRIBUTED_TERMS and len(only) >= MISATTRIBUTED_SHARE * len(terms)

@@ -44,13 +44,18 @@ def _markers(marks: Sequence[re.Match[str]]) -> str:
     return " ".join(f"[{m.group(1)}]" for m in marks)
 
 
+# "The study by [3] proposes ...": the marker names the study already ("by one paper" is no author).
+_PAPER_BY = re.compile(rf"\b((?:paper|study|work|article)s?)\s+by\s+(?={MARKER_PATTERN})", re.I)
+
+
 def markers_as_words(text: str) -> str:
     """The LLM's text with each marker it used as a word of its sentence given words: a subject ("[2]
     uses ..." -> "one paper [2] uses ...", "[2] and [7] papers use ..." -> "two papers [2] [7] use
     ..."), or the object of a preposition ("as shown in [2]." -> "in one paper [2]."), so that the text
     still reads once the verifier moves the markers to the end of their claim. A marker after the words
     it cites ("... a reward function [4] and ...") is left alone, and the "," and "and" between markers
-    go."""
+    go. "The study by [3]" is "The study [3]"."""
+    text = _PAPER_BY.sub(r"\1 ", text)
     marks = list(_MARKER.finditer(text))
     out: list[str] = []
     done, i = 0, 0
