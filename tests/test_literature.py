@@ -42,6 +42,7 @@ from arag.agent.wording import (
     first_mention,
     fragment,
     markers_as_words,
+    one_paper,
     ordinals_as_words,
     this_paper_as_words,
 )
@@ -809,3 +810,20 @@ def test_the_overview_names_its_first_paper_one_once_the_claims_before_it_are_dr
     )
     assert first_mention("[8] The same study uses context.") == "[8] One study uses context."
     assert first_mention("Another approach uses context [8].") == "Another approach uses context [8]."
+
+
+def test_a_claim_about_several_papers_that_cites_one_is_said_of_one() -> None:
+    # The 1.5B's "The papers compare ... [2]" and "Two papers focus on ... [2]", each citing one paper.
+    assert one_paper("The papers compare the prevalence of distorted thinking [2].") == (
+        "One paper compares the prevalence of distorted thinking [2]."
+    )
+    assert one_paper("Two papers focus on learner English [2].", "Another") == (
+        "Another paper focuses on learner English [2]."
+    )
+    assert one_paper("Several studies have proposed parsers [3].") == "One study has proposed parsers [3]."
+    assert one_paper("Most works also rely on BERT [4].") == "One work also relies on BERT [4]."
+    assert one_paper("[3] The papers study sarcasm.") == "[3] One paper studies sarcasm."
+    # Not about several papers, or no verb to agree with: None (the claim stays as written).
+    assert one_paper("The paper compares X [2].") is None
+    assert one_paper("The papers in this area use X [1].") is None
+    assert one_paper("Researchers compare X [2].") is None

@@ -24,7 +24,7 @@ from arag.agent.terms import (
     sentences,
     strip_citations,
 )
-from arag.agent.wording import first_mention, fragment
+from arag.agent.wording import first_mention, fragment, one_paper
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.records import Answer, AnswerType, ApproachGroup, Citation, PaperHit, PaperPoint, UsedChunk
 from arag.text import held_terms, strip_placeholders, tokenize
@@ -187,8 +187,10 @@ def verify_literature(
             others = " ".join(t for pid, texts in by_paper.items() if pid not in papers for t in texts)
             if misattributed(c, cited, others):
                 out.supported, out.dropped = out.supported - 1, out.dropped + 1
-            else:
-                attributed.append(c)
+                continue
+            # "The papers compare ... [2]": what one paper does, said of several.
+            single = one_paper(c, "Another" if attributed else "One") if len(papers) == 1 else None
+            attributed.append(single or c)
         # The LLM named its papers one and another in its own order; the first left is the first named.
         attributed[:1] = [first_mention(c) for c in attributed[:1]]
         out.overview, out.support = " ".join(attributed), dict(v.support)

@@ -164,6 +164,41 @@ def this_paper_as_words(text: str, papers: Mapping[int, str]) -> str:
     return " ".join(out)
 
 
+# A claim whose subject is several papers ("Several research papers suggest ...", "The papers
+# describe ...", "Two papers focus on ..."), which must cite more than one.
+_SEVERAL_PAPERS = re.compile(
+    rf"^(?P<lead>(?:{MARKER_PATTERN}\s*)*)(?i:several|many|various|some|most|the|these|both|two|three|four|"
+    r"five|six|multiple|different|research|recent)\s+(?:research\s+|recent\s+)?"
+    r"(?P<noun>paper|stud(?=ies)|work|article)(?:s|ies)\s+(?P<also>also\s+)?(?P<verb>[a-z]+)\b"
+)
+_SINGULAR = {"have": "has", "are": "is", "were": "was", "do": "does", "go": "goes"}
+_UNCHANGED = frozenset("can could may might must shall should will would has is was does".split())
+# Words after the subject that are no verb ("The papers in this area use ...").
+_NOT_VERBS = frozenset("in on of for with from by at to that which who and or as about than".split())
+
+
+def one_paper(claim: str, lead: str = "One") -> str | None:
+    """A claim whose subject is several papers ("The papers compare ...", "Two papers focus on ...")
+    said of one paper ("One paper compares ...", "One paper focuses on ..."), for a claim that cites
+    one; None when the claim is not about several papers, or its verb cannot be told."""
+    m = _SEVERAL_PAPERS.match(claim)
+    if m is None or m.group("verb") in _NOT_VERBS:
+        return None
+    verb = m.group("verb")
+    if verb in _SINGULAR:
+        verb = _SINGULAR[verb]
+    elif verb.endswith("ed") or verb in _UNCHANGED:
+        pass
+    elif re.search(r"(?:s|sh|ch|x|z|o)$", verb):
+        verb += "es"
+    elif re.search(r"[^aeiou]y$", verb):
+        verb = verb[:-1] + "ies"
+    else:
+        verb += "s"
+    noun = "study" if m.group("noun") == "stud" else m.group("noun")
+    return f"{m.group('lead')}{lead} {noun} {m.group('also') or ''}{verb}" + claim[m.end() :]
+
+
 _LATER_MENTION = re.compile(
     rf"^(?P<lead>(?:{MARKER_PATTERN}\s*)*)(?:Another|The same) (?P<noun>paper|study|work|article)\b"
 )
