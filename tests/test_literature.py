@@ -823,6 +823,12 @@ def test_a_claim_about_several_papers_that_cites_one_is_said_of_one() -> None:
     assert one_paper("Several studies have proposed parsers [3].") == "One study has proposed parsers [3]."
     assert one_paper("Most works also rely on BERT [4].") == "One work also relies on BERT [4]."
     assert one_paper("[3] The papers study sarcasm.") == "[3] One paper studies sarcasm."
+    # The 1.5B's "They propose ... [5]. They investigate ... [9].": each "they" is the paper cited.
+    assert one_paper("They propose a method [5].", "Another") == "Another paper proposes a method [5]."
+    assert one_paper("They also use recurrent models [9].", "The same") == (
+        "The same paper also uses recurrent models [9]."
+    )
+    assert one_paper("Their method works [2].") is None
     # Not about several papers, or no verb to agree with: None (the claim stays as written).
     assert one_paper("The paper compares X [2].") is None
     assert one_paper("The papers in this area use X [1].") is None

@@ -181,6 +181,7 @@ def verify_literature(
         for p in passages:
             by_paper.setdefault(p.chunk.paper_id, []).append(p.full_text)
         attributed: list[str] = []
+        named: set[str] = set()
         for c in said:
             papers = {by_n[n].chunk.paper_id for n in cited_numbers(c) if n in by_n}
             cited = " ".join(t for pid in papers for t in by_paper[pid])
@@ -188,9 +189,11 @@ def verify_literature(
             if misattributed(c, cited, others):
                 out.supported, out.dropped = out.supported - 1, out.dropped + 1
                 continue
-            # "The papers compare ... [2]": what one paper does, said of several.
-            single = one_paper(c, "Another" if attributed else "One") if len(papers) == 1 else None
+            # "The papers compare ... [2]", "They propose ... [5]": what one paper does, said of several.
+            lead = "The same" if papers <= named else "Another" if attributed else "One"
+            single = one_paper(c, lead) if len(papers) == 1 else None
             attributed.append(single or c)
+            named |= papers
         # The LLM named its papers one and another in its own order; the first left is the first named.
         attributed[:1] = [first_mention(c) for c in attributed[:1]]
         out.overview, out.support = " ".join(attributed), dict(v.support)

@@ -165,11 +165,12 @@ def this_paper_as_words(text: str, papers: Mapping[int, str]) -> str:
 
 
 # A claim whose subject is several papers ("Several research papers suggest ...", "The papers
-# describe ...", "Two papers focus on ..."), which must cite more than one.
+# describe ...", "Two papers focus on ...") or "they" (the 1.5B's "They propose ... [5]. They
+# investigate ... [9]."), said of the one paper it cites.
 _SEVERAL_PAPERS = re.compile(
-    rf"^(?P<lead>(?:{MARKER_PATTERN}\s*)*)(?i:several|many|various|some|most|the|these|both|two|three|four|"
-    r"five|six|multiple|different|research|recent)\s+(?:research\s+|recent\s+)?"
-    r"(?P<noun>paper|stud(?=ies)|work|article)(?:s|ies)\s+(?P<also>also\s+)?(?P<verb>[a-z]+)\b"
+    rf"^(?P<lead>(?:{MARKER_PATTERN}\s*)*)(?:(?i:several|many|various|some|most|the|these|both|two|three|"
+    r"four|five|six|multiple|different|research|recent)\s+(?:research\s+|recent\s+)?"
+    r"(?P<noun>paper|stud(?=ies)|work|article)(?:s|ies)|They)\s+(?P<also>also\s+)?(?P<verb>[a-z]+)\b"
 )
 _SINGULAR = {"have": "has", "are": "is", "were": "was", "do": "does", "go": "goes"}
 _UNCHANGED = frozenset("can could may might must shall should will would has is was does".split())
@@ -178,9 +179,10 @@ _NOT_VERBS = frozenset("in on of for with from by at to that which who and or as
 
 
 def one_paper(claim: str, lead: str = "One") -> str | None:
-    """A claim whose subject is several papers ("The papers compare ...", "Two papers focus on ...")
-    said of one paper ("One paper compares ...", "One paper focuses on ..."), for a claim that cites
-    one; None when the claim is not about several papers, or its verb cannot be told."""
+    """A claim whose subject is several papers or "they" ("The papers compare ...", "Two papers focus
+    on ...", "They propose ...") said of one paper ("One paper compares ...", "One paper focuses on
+    ...", "One paper proposes ..."), for a claim that cites one; None when the claim is not about
+    several papers, or its verb cannot be told."""
     m = _SEVERAL_PAPERS.match(claim)
     if m is None or m.group("verb") in _NOT_VERBS:
         return None
@@ -195,7 +197,7 @@ def one_paper(claim: str, lead: str = "One") -> str | None:
         verb = verb[:-1] + "ies"
     else:
         verb += "s"
-    noun = "study" if m.group("noun") == "stud" else m.group("noun")
+    noun = {"stud": "study", None: "paper"}.get(m.group("noun"), m.group("noun"))
     return f"{m.group('lead')}{lead} {noun} {m.group('also') or ''}{verb}" + claim[m.end() :]
 
 
