@@ -42,6 +42,7 @@ from arag.agent.wording import (
     first_mention,
     fragment,
     markers_as_words,
+    names_authors,
     one_paper,
     ordinals_as_words,
     this_paper_as_words,
@@ -399,6 +400,14 @@ def test_a_point_is_not_drawn_from_what_a_paper_says_of_other_papers() -> None:
 
     point = draw_point([passage(1, "Related Work ::: Hate speech", others), passage(2, "Data", own)], terms)
     assert point is not None and (point.n, point.sentence) == (2, own)
+    # A sentence that cited other work, by a stand-in the answer no longer shows or a citation key
+    # left in the text ("EMNLP19DaSanMartino focuses on ..."), is about that work.
+    stand_in = "A linear SVM BIBREF3 detects hate speech in tweets well."
+    key = "EMNLP19DaSanMartino detects hate speech with a linear SVM."
+    for text in (stand_in, key):
+        point = draw_point([passage(1, "Introduction", f"{text} {own}")], terms)
+        assert point is not None and point.sentence == own, text
+    assert draw_point([passage(1, "Introduction", stand_in)], terms) is not None  # a last resort
 
 
 def test_group_points_by_approach() -> None:
@@ -833,3 +842,13 @@ def test_a_claim_about_several_papers_that_cites_one_is_said_of_one() -> None:
     assert one_paper("The paper compares X [2].") is None
     assert one_paper("The papers in this area use X [1].") is None
     assert one_paper("Researchers compare X [2].") is None
+
+
+def test_an_overview_claim_naming_other_papers_authors_is_no_claim_of_the_cited_paper() -> None:
+    # The 1.5B copied the citations inside the rumour points: "[1] Mendoza et al. [2] used Gaussian
+    # Processes ... than other classifiers [4] Yang et. al. [5] used novelty detection ...".
+    assert names_authors("Mendoza et al. One paper used Gaussian Processes [1] [2].")
+    assert names_authors("It beats other classifiers Yang et [1] [2].")
+    assert names_authors("As in Yang et. al., novelty detection finds rumours [5].")
+    assert not names_authors("Novelty detection finds rumours in the ET corpus [5].")
+    assert not names_authors("The authors detect rumours with Gaussian Processes [2].")

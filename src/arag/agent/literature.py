@@ -27,6 +27,7 @@ from arag.agent.terms import (
     entities,
     exclaims,
     has_entity,
+    has_placeholder,
     held_share,
     key_terms,
     sentences,
@@ -86,6 +87,12 @@ _CUE = re.compile(
 _ANAPHORA = re.compile(r"^\W*(?:it|this|these|those|they|such|there|however|thus|hence|therefore)\b", re.I)
 # A sentence that speaks of the paper itself, and one that names other papers' work.
 _SELF = re.compile(r"\b(?:we|our|this\s+(?:paper|work|study|article))\b", re.I)
+# A citation key left in the text where a reference was ("EMNLP19DaSanMartino",
+# "jean-EtAl:2015:ACL-IJCNLP"): like a stand-in, it cites other work.
+_CITATION_KEY = re.compile(
+    r"\b(?:ACL|EMNLP|NAACL|EACL|COLING|AAAI|IJCAI|ICLR|ICML|NIPS|NeurIPS|LREC|CoNLL)\d{2,4}[A-Z][a-z]"
+    r"|\bEtAl:\d{4}"
+)
 _OTHERS_WORK = re.compile(
     r"\bet\s+al\b|\btheir\s+(?:work|model|approach|method|system|paper|study)s?\b|"
     r"\b(?:previous|prior|earlier|existing)\s+(?:work|studies|approaches|methods|research|systems)\b",
@@ -222,8 +229,11 @@ def without_carried(target: str) -> str:
     return re.sub(r"\s*\([^)]*\)\s*$", "", target)
 
 
-def point_score(sentence: str, terms: Sequence[str], *, abstract: bool, section: str | None = None) -> float:
-    """How well a sentence states a paper's point on the question (``section``: its passage's)."""
+def point_score(
+    sentence: str, terms: Sequence[str], *, abstract: bool, section: str | None = None, cites: bool = False
+) -> float:
+    """How well a sentence states a paper's point on the question (``section``: its passage's;
+    ``cites``: the sentence cited other work, a stand-in the text no longer shows)."""
     have = set(tokenize(sentence))
     share = sum(t in have for t in terms) / len(terms) if terms else 0.0
     # A sentence that says what the paper does beats one more on the topic; one that opens with a
@@ -237,7 +247,7 @@ def point_score(sentence: str, terms: Sequence[str], *, abstract: bool, section:
     others = 0.0
     if not _SELF.search(sentence):
         others = 0.5 if about_others(section) else 0.0
-        others += 0.3 if _OTHERS_WORK.search(sentence) else 0.0
+        others += 0.3 if _OTHERS_WORK.search(sentence) or cites else 0.0
     return share + cue - anaphora - cut - others + (0.05 if abstract else 0.0)
 
 
@@ -248,11 +258,18 @@ def draw_point(
     in ``exclude``: a paper's point for an earlier part of the question)."""
     best: tuple[float, int, int, str] | None = None
     for p in passages:
-        text = strip_citations(strip_instructions(strip_placeholders(p.chunk.text))[0])
-        for j, s in enumerate(sentences(text)):
+        raw = strip_instructions(p.chunk.text)[0]
+        for j, cited in enumerate(sentences(raw)):
+            s = strip_citations(strip_placeholders(cited))
             if not POINT_MIN_WORDS <= len(s.split()) <= POINT_MAX_WORDS or s.strip() in exclude:
                 continue
-            score = point_score(s, terms, abstract=p.chunk.type == "abstract", section=p.chunk.section)
+            score = point_score(
+                s,
+                terms,
+                abstract=p.chunk.type == "abstract",
+                section=p.chunk.section,
+                cites=has_placeholder(cited) or _CITATION_KEY.search(cited) is not None,
+            )
             key = (score, -p.n, -j, s)
             if best is None or key[:3] > best[:3]:
                 best = (score, -p.n, -j, s)

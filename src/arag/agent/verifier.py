@@ -24,7 +24,7 @@ from arag.agent.terms import (
     sentences,
     strip_citations,
 )
-from arag.agent.wording import first_mention, fragment, one_paper
+from arag.agent.wording import first_mention, fragment, names_authors, one_paper
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.records import Answer, AnswerType, ApproachGroup, Citation, PaperHit, PaperPoint, UsedChunk
 from arag.text import held_terms, strip_placeholders, tokenize
@@ -175,7 +175,12 @@ def verify_literature(
         )
         # A "sentence" of markers or connectives alone says nothing, nor does a title cited alone or a
         # sentence the LLM copied from a clipped point and that stops there: an overview keeps claims.
-        said = [c for c in split_claims(v.explanation) if key_terms(strip_citations(c)) and not fragment(c)]
+        # One that names other papers' authors ("Mendoza et al.") credits the cited paper with theirs.
+        said = [
+            c
+            for c in split_claims(v.explanation)
+            if key_terms(strip_citations(c)) and not fragment(c) and not names_authors(c)
+        ]
         out.claims, out.supported, out.dropped = v.claims, v.supported, v.dropped
         by_paper: dict[str, list[str]] = {}
         for p in passages:

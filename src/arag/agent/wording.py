@@ -25,6 +25,17 @@ def fragment(claim: str) -> bool:
     return len(text.split()) <= 3 or _CLIPPED.search(text) is not None or unfinished(text)
 
 
+# Other papers' authors named in the LLM's text ("Mendoza et al. [2] used ..."), or a name cut at "et"
+# ("... than other classifiers Yang et [4]"): the 1.5B copying the citations inside a point.
+_NAMES_AUTHORS = re.compile(rf"\bet\.?\s*al\b|\bet\s*(?:{MARKER_PATTERN}\s*)*[.]?\s*$")
+
+
+def names_authors(claim: str) -> bool:
+    """Whether an overview claim names other papers' authors ("et al."), which the papers it cites
+    only cite: it would credit them with those authors' work."""
+    return _NAMES_AUTHORS.search(claim) is not None
+
+
 # Markers the LLM wrote as words of its sentence: "[2] and [7] papers use ...", "..., while [7] uses
 # ...", "[4] updates ...". Removing the markers (the verifier puts them at the end of each claim)
 # would leave "and papers use ..." and "while uses ...".
