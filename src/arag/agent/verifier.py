@@ -161,7 +161,8 @@ def verify_literature(
     draft: Draft, passages: list[ContextPassage], scorer: SupportScorer
 ) -> VerifiedLiterature:
     """Check a literature draft (a pure function of its inputs): the overview claim by claim, like any
-    answer (unsupported claims dropped), and each paper's point against the passage it was drawn
+    answer (unsupported claims dropped, and claims drawn from papers they do not cite), its papers
+    named as the reader can follow them, and each paper's point against the passage it was drawn
     from (a point that its passage does not support is dropped)."""
     by_n = {p.n: p for p in passages}
     out = VerifiedLiterature(overview="", groups=[])
