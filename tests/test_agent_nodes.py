@@ -33,7 +33,6 @@ from arag.agent.terms import (
     clean_citations,
     entities,
     exclaims,
-    has_placeholder,
     is_placeholder,
     key_terms,
     sentences,
@@ -48,7 +47,7 @@ from arag.retrieval.hybrid import HybridResult
 from arag.retrieval.pipeline import SearchResult
 from arag.retrieval.resolve import PaperRef
 from arag.settings import AgentSettings
-from arag.text import strip_placeholders, tokenize
+from arag.text import has_placeholder, strip_placeholders, tokenize
 
 # --- fixtures: chunks, evidence, passages, deps -------------------------------------------------
 

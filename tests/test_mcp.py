@@ -18,12 +18,12 @@ from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextContent
 from typer.testing import CliRunner
 
-from arag.agent.terms import has_placeholder
 from arag.api import PAPERS_FIX, Library
 from arag.cli.mcp import register
 from arag.library.manage import build_library
 from arag.mcp_server import build_server
 from arag.settings import Settings, get_settings
+from arag.text import has_placeholder
 from service_util import echo_llm
 
 COMPOSE = "1601.01705"

@@ -16,11 +16,10 @@ import pytest
 from fastapi.testclient import TestClient
 from openapi_spec_validator import validate
 
-from arag.agent.terms import has_placeholder
 from arag.api import Library
 from arag.service import create_app
 from arag.settings import Settings, get_settings
-from arag.text import strip_placeholders
+from arag.text import has_placeholder, strip_placeholders
 from service_util import SMALL, echo_llm, running_server, sse_events
 
 COMPOSE = "1601.01705"

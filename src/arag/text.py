@@ -50,6 +50,11 @@ _PUNCT_RUN = re.compile(r"([,;:])(?:\s*[,;:])+")
 _PUNCT_BEFORE_STOP = re.compile(r"[,;:]+(?=\.)")
 
 
+def has_placeholder(text: str) -> bool:
+    """Whether ``text`` holds a BIBREF0 / TABREF1 / ... stand-in (what it said is not in the text)."""
+    return _PLACEHOLDER_SPACE.search(text) is not None
+
+
 def strip_placeholders(text: str) -> str:
     """Remove S2ORC's BIBREF0 / TABREF1 / ... stand-ins (meaningless in an answer), and the marks
     they leave behind: "models () and", "in Table )", "by BIBREF1, BIBREF2." read "models and",

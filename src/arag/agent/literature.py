@@ -27,7 +27,6 @@ from arag.agent.terms import (
     entities,
     exclaims,
     has_entity,
-    has_placeholder,
     held_share,
     key_terms,
     sentences,
@@ -38,7 +37,7 @@ from arag.agent.terms import (
     unfinished,
 )
 from arag.records import RankedPaper
-from arag.text import held_terms, strip_placeholders, tokenize
+from arag.text import has_placeholder, held_terms, strip_placeholders, tokenize
 
 # Words of an open question's frame ("how do researchers usually ...") that no passage needs to hold.
 _FRAME = frozenset(

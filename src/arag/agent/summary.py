@@ -31,7 +31,6 @@ from arag.agent.terms import (
     cited_numbers,
     clean_citations,
     exclaims,
-    has_placeholder,
     key_terms,
     reported,
     sentences,
@@ -44,7 +43,7 @@ from arag.errors import AragError, Cancelled
 from arag.llm.base import LLM
 from arag.records import Answer, Chunk, Citation, NodeEvent, SearchFilter, UsedChunk
 from arag.retrieval.pipeline import SearchResult
-from arag.text import strip_placeholders
+from arag.text import has_placeholder, strip_placeholders
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable
 
 from arag.ingest.splitter import split_sentences
-from arag.text import PLACEHOLDER_PATTERN, STOPWORDS, tokenize
+from arag.text import STOPWORDS, strip_placeholders, tokenize
 
 # Words every research question uses: they say nothing about what the passages must hold.
 _GENERIC_TEXT = """
@@ -24,7 +24,6 @@ _WORD = re.compile(r"[A-Za-z][A-Za-z0-9'\-]*|\d+(?:\.\d+)?")
 # Acronyms and mixed-case or alphanumeric names: BERT, SQuAD, GPT-2, F1, WikiText-103, ELMo.
 _NAME = re.compile(r"\b(?:[A-Za-z]*[A-Z][a-z]*[A-Z0-9][A-Za-z0-9]*(?:-[A-Za-z0-9]+)*|[A-Za-z]+-\d+)\b")
 _QUOTED = re.compile(r"(?<!\w)[\"“‘']([^\"“”‘’]{3,120}?)[\"”’'](?!\w)")
-_PLACEHOLDER = re.compile(rf"\s*\b{PLACEHOLDER_PATTERN}\b", re.I)
 # [3], [1, 2], [1; 4], [2-3] markers (CITE with the space before one, which strip_citations removes).
 MARKER_PATTERN = r"\[(\d+(?:\s*[,;\-–]\s*\d+)*)\]"
 CITE = re.compile(r"\s*" + MARKER_PATTERN)
@@ -78,11 +77,6 @@ def has_entity(entity: str, text_lower: str) -> bool:
     )
 
 
-def has_placeholder(text: str) -> bool:
-    """Whether ``text`` holds a BIBREF0 / TABREF1 / ... stand-in (what it said is not in the text)."""
-    return _PLACEHOLDER.search(text) is not None
-
-
 # A sentence that does not stand alone out of its paragraph: it stops where its content begins
 # ("... to the following models:") or where a removed citation stood ("as used by.").
 _UNFINISHED = re.compile(r"(?:[:;,]|\b(?:by|in|of|as|see|from|to|and|with|e\.g|i\.e)[.,;:]?)\s*$", re.I)
@@ -111,7 +105,7 @@ def about_others(section: str | None) -> bool:
 
 def is_placeholder(text: str) -> bool:
     """A placeholder (or only citation markers) where an answer should be."""
-    rest = CITE.sub("", _PLACEHOLDER.sub("", text)).strip(" .,;:()[]\"'")
+    rest = CITE.sub("", strip_placeholders(text)).strip(" .,;:()[]\"'")
     return not rest
 
 

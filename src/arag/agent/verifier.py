@@ -147,13 +147,12 @@ MISATTRIBUTED_TERMS = 3
 _NAMING_WORDS = frozenset(tokenize("one another same two three four five six paper study work article"))
 
 
-def misattributed(claim: str, cited: str, others: str) -> bool:
-    """Whether an overview claim draws on papers it does not cite: enough of its key terms are in
-    ``others`` (the passages of the papers it does not cite) and not in ``cited`` (those of the
-    papers it cites), a term counting in any of its spellings."""
+def misattributed(claim: str, cited: set[str], others: set[str]) -> bool:
+    """Whether an overview claim draws on papers it does not cite: enough of its key terms are held
+    (``text.held_terms``) by ``others`` (the passages of the papers it does not cite) and not by
+    ``cited`` (those of the papers it cites), a term counting in any of its spellings."""
     terms = [t for t in key_terms(strip_citations(claim)) if t not in _NAMING_WORDS]
-    held_cited, held_others = held_terms(cited), held_terms(others)
-    only = [t for t in terms if not holds(held_cited, t) and holds(held_others, t)]
+    only = [t for t in terms if not holds(cited, t) and holds(others, t)]
     return len(only) >= MISATTRIBUTED_TERMS and len(only) >= MISATTRIBUTED_SHARE * len(terms)
 
 
@@ -183,15 +182,17 @@ def verify_literature(
             if key_terms(strip_citations(c)) and not fragment(c) and not names_authors(c)
         ]
         out.claims, out.supported, out.dropped = v.claims, v.supported, v.dropped
-        by_paper: dict[str, list[str]] = {}
+        texts: dict[str, list[str]] = {}
         for p in passages:
-            by_paper.setdefault(p.chunk.paper_id, []).append(p.full_text)
+            texts.setdefault(p.chunk.paper_id, []).append(p.full_text)
+        # Each paper's terms once, not once per claim.
+        held = {pid: held_terms(" ".join(t)) for pid, t in texts.items()}
         attributed: list[str] = []
         named: set[str] = set()
         for c in said:
             papers = {by_n[n].chunk.paper_id for n in cited_numbers(c) if n in by_n}
-            cited = " ".join(t for pid in papers for t in by_paper[pid])
-            others = " ".join(t for pid, texts in by_paper.items() if pid not in papers for t in texts)
+            cited = set().union(*(held[pid] for pid in papers))
+            others = set().union(*(h for pid, h in held.items() if pid not in papers))
             if misattributed(c, cited, others):
                 out.supported, out.dropped = out.supported - 1, out.dropped + 1
                 continue
