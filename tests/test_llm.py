@@ -390,6 +390,11 @@ class FakeLlama:
 def fake_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> type[FakeLlama]:
     module = types.ModuleType("llama_cpp")
     module.Llama = FakeLlama  # type: ignore[attr-defined]
+    # llama.cpp's log hook, which the vocabulary load sets for its duration (llm/llama_cpp.py).
+    module.log_callbacks = []  # type: ignore[attr-defined]
+    module.llama_log_callback = lambda f: f  # type: ignore[attr-defined]
+    module.llama_log_set = lambda cb, _ud: module.log_callbacks.append(cb)  # type: ignore[attr-defined]
+    module._logger = types.SimpleNamespace(llama_log_callback=lambda *a: None)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "llama_cpp", module)
     FakeLlama.instances = []
     return FakeLlama
@@ -401,6 +406,9 @@ def test_vocab_tokenizer_loads_no_weights(tmp_path: Path, fake_llama_cpp: type[F
     (fake,) = fake_llama_cpp.instances
     assert fake.kwargs == {"model_path": str(tmp_path / "m.gguf"), "vocab_only": True, "verbose": False}
     assert (tok.count("three words here"), tok.count("")) == (3, 0)
+    # llama.cpp's own logger is back once the vocabulary is read.
+    module = sys.modules["llama_cpp"]
+    assert module.log_callbacks[-1] is module._logger.llama_log_callback  # type: ignore[attr-defined]
 
 
 def test_llama_cpp_missing_runtime_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -688,6 +696,21 @@ def test_real_packaged_05b_assembles(tmp_path: Path) -> None:
     info = check_gguf(path)
     assert (info.architecture, info.name) == ("qwen2", "Qwen2.5 Coder 0.5B Instruct AWQ")
     assert json.loads(path.with_name(path.name + ".json").read_text())["sha256"] == model.sha256
+
+
+@pytest.mark.real_models
+def test_real_vocab_load_prints_nothing(capfd: pytest.CaptureFixture[str]) -> None:
+    # llama.cpp logs "n_ctx_seq (512) > n_ctx_train (0)" for a vocabulary-only model at ERROR level,
+    # and every `arag ask` printed it above its answer.
+    pytest.importorskip("llama_cpp")
+    from arag.llm.gguf import resolve_model_path
+
+    path = resolve_model_path("qwen2.5-coder-0.5b", Settings().data_dir)
+    capfd.readouterr()
+    tok = VocabTokenizer(path)
+    assert tok.count("The capital of France is Paris.") > 3
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
 
 
 @pytest.mark.real_models

@@ -4,7 +4,10 @@ time, and everything else in arag works without it. The model itself runs in pro
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from arag.errors import ModelError
@@ -24,3 +27,25 @@ def import_llama_cpp() -> Any:
             " or set ARAG_LLM__PROVIDER=extractive (no LLM) or openai",
         ) from exc
     return llama_cpp
+
+
+# A vocabulary-only model has no training context (0), so llama.cpp 0.3.36 logs this at ERROR level,
+# which llama-cpp-python prints even with verbose=False: every `arag ask` began with the line.
+_SPURIOUS = b"> n_ctx_train (0) -- possible training context overflow"
+
+
+@contextlib.contextmanager
+def quiet_vocab_load(llama_cpp: Any) -> Iterator[None]:
+    """Drop llama.cpp's one spurious message about a vocabulary-only model; pass every other one."""
+    _logger = llama_cpp._logger
+
+    @llama_cpp.llama_log_callback
+    def _filter(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        if _SPURIOUS not in text:
+            _logger.llama_log_callback(level, text, user_data)
+
+    llama_cpp.llama_log_set(_filter, ctypes.c_void_p(0))
+    try:
+        yield
+    finally:
+        llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))

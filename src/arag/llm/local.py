@@ -37,11 +37,12 @@ class VocabTokenizer:
     """The model's tokenizer alone (``vocab_only``: no weights are read, nothing is computed)."""
 
     def __init__(self, model_path: Path) -> None:
-        from arag.llm.llama_cpp import import_llama_cpp
+        from arag.llm.llama_cpp import import_llama_cpp, quiet_vocab_load
 
         llama_cpp = import_llama_cpp()
         try:
-            self._llm = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+            with quiet_vocab_load(llama_cpp):
+                self._llm = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelError(
                 f"llama.cpp could not read the model's vocabulary: {exc}",
