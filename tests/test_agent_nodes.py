@@ -418,6 +418,35 @@ def test_placeholders_leave_no_stray_marks(text: str, clean: str) -> None:
     assert re.findall(r"\w+", out) == [w for w in re.findall(r"\w+", text) if not re.match(r"[A-Z]+REF\d", w)]
 
 
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        # arXiv abstracts keep their LaTeX (about 50 of QASPER's); a literature point read it verbatim.
+        (
+            r"Inspired by \cite{devlin:2018}, we propose {\sc Hibert} (shorthand for {\bf HI}erachical)",
+            "Inspired by, we propose Hibert (shorthand for HIerachical)",
+        ),
+        (
+            r"a novel model called \textbf{Explicit Sparse Transformer}.",
+            "a novel model called Explicit Sparse Transformer.",
+        ),
+        (
+            r"Hausa and Yor\`ub\'a, by Rockt{\"{a}}schel and D\'ail \'Eireann",
+            "Hausa and Yorùbá, by Rocktäschel and Dáil Éireann",
+        ),
+        (r"the Winograd Schema dataset~\cite{levesque2011winograd}. We", "the Winograd Schema dataset. We"),
+        # A formula is left as written, LaTeX and all; so is text without a backslash.
+        (
+            r"labels in $k$ languages, $\text{CNN}(s)$ and \emph{x}",
+            r"labels in $k$ languages, $\text{CNN}(s)$ and x",
+        ),
+        ("no markup (here) 3:1", "no markup (here) 3:1"),
+    ],
+)
+def test_latex_markup_outside_formulas_is_shown_as_text(text: str, shown: str) -> None:
+    assert strip_placeholders(text) == shown
+
+
 def test_the_stand_ins_are_one_pattern_for_the_index_and_the_answers() -> None:
     text = "shown in BIBREF12 and Table TABREF3 with INLINEFORM0"
     assert has_placeholder(text) and not has_placeholder("BIBREF alone, REF12, XBIBREF1")
@@ -431,6 +460,10 @@ def test_an_unfinished_sentence_is_one_that_cannot_stand_alone() -> None:
     assert unfinished("The corpus is described in detail,")
     assert unfinished(strip_placeholders("We use the splits as released by BIBREF12, BIBREF13."))
     assert not unfinished("We fine-tune BERT on SQuAD and report F1.")
+    # A table or figure reference whose stand-in is gone ("shown in Figure FIGREF3.").
+    assert unfinished(strip_placeholders("The authors present JESSI, shown in Figure FIGREF3."))
+    assert unfinished(strip_placeholders("Results are in Table TABREF12"))
+    assert not unfinished("We store every entry in a table.")
     assert not unfinished("The ratio of positive to negative pairs is 3:1.")
 
 

@@ -50,6 +50,40 @@ _PUNCT_RUN = re.compile(r"([,;:])(?:\s*[,;:])+")
 _PUNCT_BEFORE_STOP = re.compile(r"[,;:]+(?=\.)")
 
 
+# LaTeX markup arXiv abstracts keep (about 50 of the 1,585 QASPER abstracts, a few titles and
+# passages): what it marks stays, the commands go. Inside $...$ nothing changes (a formula is not
+# prose to tidy); a citation command goes as a stand-in does.
+_MATH = re.compile(r"(\$\$?)[^$]*\1")
+_CITE_COMMAND = re.compile(r"\s*~?\\cite[tp]?\*?\{[^{}]*\}")
+_FONT_COMMAND = re.compile(
+    r"\\(?:emph|textbf|textit|texttt|textsc|textrm|textsf|textmd|underline)\{([^{}]*)\}"
+)
+_FONT_GROUP = re.compile(r"\{\\(?:bf|sc|it|em|tt|rm|sf|sl)\s+([^{}]*)\}")
+# \`u, \'{a}, {\"{a}}, \~n, \^o: the letter with its accent.
+_ACCENT = re.compile(r"\{?\\([`'\"^~])\{?([A-Za-z])\}?\}?")
+_COMBINING = {"`": "\u0300", "'": "\u0301", '"': "\u0308", "^": "\u0302", "~": "\u0303"}
+
+
+def _latex_prose(text: str) -> str:
+    t = _CITE_COMMAND.sub("", text)
+    t = _FONT_GROUP.sub(r"\1", _FONT_COMMAND.sub(r"\1", t))
+    return _ACCENT.sub(lambda m: unicodedata.normalize("NFC", m[2] + _COMBINING[m[1]]), t)
+
+
+def latex_as_text(text: str) -> str:
+    """LaTeX markup outside formulas read as text: "{\\sc Hibert}" -> "Hibert", "\\emph{X}" -> "X",
+    "Yor\\`ub\\'a" -> "Yorùbá", "\\cite{x}" removed; formulas ($...$) as written."""
+    if "\\" not in text:
+        return text
+    out, last = [], 0
+    for m in _MATH.finditer(text):
+        out.append(_latex_prose(text[last : m.start()]))
+        out.append(m[0])
+        last = m.end()
+    out.append(_latex_prose(text[last:]))
+    return "".join(out)
+
+
 def has_placeholder(text: str) -> bool:
     """Whether ``text`` holds a BIBREF0 / TABREF1 / ... stand-in (what it said is not in the text)."""
     return _PLACEHOLDER_SPACE.search(text) is not None
@@ -58,8 +92,9 @@ def has_placeholder(text: str) -> bool:
 def strip_placeholders(text: str) -> str:
     """Remove S2ORC's BIBREF0 / TABREF1 / ... stand-ins (meaningless in an answer), and the marks
     they leave behind: "models () and", "in Table )", "by BIBREF1, BIBREF2." read "models and",
-    "in Table)", "by." (punctuation only: the words, and so every lexical check, stay the same)."""
-    t = _EMPTY_PARENS.sub("", _PLACEHOLDER_SPACE.sub("", text))
+    "in Table)", "by." (punctuation only: the words, and so every lexical check, stay the same).
+    LaTeX markup outside formulas goes too (:func:`latex_as_text`)."""
+    t = _EMPTY_PARENS.sub("", _PLACEHOLDER_SPACE.sub("", latex_as_text(text)))
     t = _SPACE_BEFORE.sub(r"\1", t)
     t = _PUNCT_BEFORE_STOP.sub("", _PUNCT_RUN.sub(r"\1", t))
     return t.strip()

@@ -37,7 +37,7 @@ from arag.agent.terms import (
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.errors import AragError, Cancelled
 from arag.llm.base import LLM
-from arag.text import strip_placeholders, tokenize
+from arag.text import latex_as_text, strip_placeholders, tokenize
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,9 @@ class RelatedPapers(BaseModel):
 
 
 def clean_abstract(text: str) -> str:
-    """A recorded abstract without the 'Title: ...\\nSection: Abstract\\n' head it was embedded with."""
-    return _HEAD.sub("", text).strip()
+    """A recorded abstract without the 'Title: ...\\nSection: Abstract\\n' head it was embedded with,
+    its LaTeX markup read as text (\\emph{X} -> X)."""
+    return latex_as_text(_HEAD.sub("", text).strip())
 
 
 def _tfidf(docs: Sequence[list[str]]) -> list[dict[str, float]]:

@@ -88,9 +88,17 @@ def exclaims(sentence: str) -> bool:
     return re.search(r"![\"'”’)\]]*\s*$", sentence) is not None
 
 
+# ... or where a removed table or figure stand-in stood ("... shown in Figure."): capitalised, as
+# papers write their references.
+_DANGLING_REFERENCE = re.compile(
+    r"\b(?:Figure|Fig|Table|Section|Sec|Eq|Equation|Appendix|Algorithm|Tab)s?[.,;:]?\s*$"
+)
+
+
 def unfinished(sentence: str) -> bool:
-    """The sentence ends on a colon, comma or semicolon, or on a word a removed citation followed."""
-    return _UNFINISHED.search(sentence) is not None
+    """The sentence ends on a colon, comma or semicolon, or on a word a removed citation, table or
+    figure followed."""
+    return _UNFINISHED.search(sentence) is not None or _DANGLING_REFERENCE.search(sentence) is not None
 
 
 # Sections where a paper describes other papers' work: a sentence from one, shown as the paper's own
