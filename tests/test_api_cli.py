@@ -15,12 +15,12 @@ from typer.testing import CliRunner
 import arag
 from arag.agent import prompts
 from arag.api import Library
-from arag.cli.ask import llm_overrides
+from arag.cli.ask import literature_sources, llm_overrides
 from arag.cli.main import app
 from arag.errors import InputError, StoreError
 from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
-from arag.records import Answer, NodeEvent
+from arag.records import Answer, ApproachGroup, Citation, NodeEvent
 from arag.settings import Settings, get_settings
 
 runner = CliRunner()
@@ -191,6 +191,35 @@ def test_ask_shows_stages_then_the_answer_with_numbered_sources(settings: Settin
     sources = [line for line in out.splitlines() if re.match(r"\s+\[\d+\] ", line)]
     assert sources and all("https://arxiv.org/abs/1601.00901" in s and "support " in s for s in sources)
     assert out.index("· verifier") < out.index("Sources")
+
+
+def test_a_literature_answer_lists_each_paper_once_with_all_its_markers() -> None:
+    # A compound question's two parts drew a point from paper A each ([1], [3]); an overview sentence
+    # cited another passage of B ([4]). The list had shown A twice, the second time without its part.
+    def cite(n: int, pid: str, support: float = 1.0) -> Citation:
+        return Citation(n=n, chunk_id=f"{pid}:{n}", paper_id=pid, title=f"Paper {pid}", support=support,
+                        supported=support >= 0.5)  # fmt: skip
+
+    a = Answer(
+        question="How is bias measured, and how is it removed?", short_answer="2 papers", text="",
+        route="research", mode="llm", form="literature",
+        citations=[cite(3, "1909.00871"), cite(1, "1909.00871"), cite(2, "1905.12801"),
+                   cite(4, "1905.12801", 0.4)],
+        groups=[ApproachGroup(label="How is bias measured", paper_ids=["1909.00871", "1905.12801"], text=""),
+                ApproachGroup(label="How is it removed", paper_ids=["1909.00871"], text="")],
+    )  # fmt: skip
+    assert literature_sources(a) == [
+        "[bold][1] [3][/] Paper 1909.00871 · https://arxiv.org/abs/1909.00871 · How is bias measured; "
+        "How is it removed · support 1.00",
+        "[bold][2] [4][/] Paper 1905.12801 · https://arxiv.org/abs/1905.12801 · How is bias measured · "
+        "support 0.40 to 1.00 [yellow](unsupported: [4])[/]",
+    ]
+    # One group needs no label.
+    one = a.model_copy(update={"groups": a.groups[:1]})
+    assert (
+        literature_sources(one)[0]
+        == "[bold][1] [3][/] Paper 1909.00871 · https://arxiv.org/abs/1909.00871 · support 1.00"
+    )
 
 
 def test_ask_json_is_the_whole_answer(settings: Settings) -> None:

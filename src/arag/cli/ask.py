@@ -18,7 +18,7 @@ from arag.settings import Settings
 
 if TYPE_CHECKING:
     from arag.api import Library
-    from arag.records import Answer, NodeEvent
+    from arag.records import Answer, Citation, NodeEvent
 
 PROVIDERS = ("llama-cpp", "openai", "extractive")
 _CLOSEST = "\n\nClosest papers in the library:"
@@ -178,17 +178,33 @@ def print_literature(a: Answer) -> None:
             console.print(f"[bold cyan]{escape(g.label)}[/]", highlight=False, soft_wrap=True)
         console.print(escape(g.text), highlight=False, soft_wrap=True)
         console.print()
-    # The papers drawn on, each by the [n] of its point (the sources of the answer), with its link.
-    console.print("[bold]Sources[/] (the papers, by their points)")
-    support = {c.n: c for c in a.citations}
-    for n in sorted(support):
-        c = support[n]
-        paper = next((p for p in a.papers if p.n == n), None)
-        parts = [escape(c.title), arxiv_url(c.paper_id) or c.paper_id]
-        if paper is not None:
-            parts.append(escape(paper.group))
-        parts.append(f"support {c.support:.2f}" + ("" if c.supported else " [yellow](unsupported)[/]"))
-        console.print(f"  [bold][{n}][/] " + " · ".join(parts), highlight=False, soft_wrap=True)
+    # The papers drawn on, once each with every [n] that cites it: a compound question's parts, or an
+    # overview sentence citing another of its passages, give one paper several numbers.
+    console.print("[bold]Sources[/] (the papers, each with its " + escape("[n]") + " markers)")
+    for line in literature_sources(a):
+        console.print("  " + line, highlight=False, soft_wrap=True)
+
+
+def literature_sources(a: Answer) -> list[str]:
+    """One line (rich markup) per paper a literature answer cites, in the order of its first [n]."""
+    by_paper: dict[str, list[Citation]] = {}
+    for c in sorted(a.citations, key=lambda c: c.n):
+        by_paper.setdefault(c.paper_id, []).append(c)
+    lines = []
+    for pid, cites in by_paper.items():
+        parts = [escape(cites[0].title), arxiv_url(pid) or pid]
+        labels = [g.label for g in a.groups if pid in g.paper_ids]
+        if len(a.groups) > 1 and labels:  # one group needs no label
+            parts.append(escape("; ".join(labels)))
+        low, high = min(c.support for c in cites), max(c.support for c in cites)
+        support = f"support {low:.2f}" if low == high else f"support {low:.2f} to {high:.2f}"
+        unsupported = [f"[{c.n}]" for c in cites if not c.supported]
+        if unsupported:
+            support += f" [yellow](unsupported: {' '.join(unsupported)})[/]"
+        parts.append(support)
+        marks = " ".join(f"[{c.n}]" for c in cites)
+        lines.append(f"[bold]{marks}[/] " + " · ".join(parts))
+    return lines
 
 
 @handle_errors

@@ -589,7 +589,10 @@ function literatureAnswer(a, ctx) {
       el("li", {},
         citeButton(p.n, ctx), " ",
         el("span", { class: "closest-title", text: p.title }), " ",
-        a.groups.length > 1 ? el("span", { class: "muted", text: `(${p.group})` }) : null, " ",
+        // A compound question's paper can stand in several parts: name each.
+        a.groups.length > 1 ? el("span", { class: "muted", text: `(${
+          a.groups.filter((g) => (g.paper_ids || []).includes(p.paper_id)).map((g) => g.label).join("; ") || p.group})` })
+          : null, " ",
         arxivLink(p.paper_id, "arXiv") ?? el("span", { class: "muted", text: p.paper_id })))),
     a.dropped_claims
       ? el("p", { class: "note" },
