@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from arag.agent import build_agent, prompts
+from arag.agent.count import count_question, count_sentence, count_terms, library_count, papers_holding
 from arag.agent.deps import AgentDeps
 from arag.agent.literature import (
     Point,
@@ -26,7 +27,7 @@ from arag.agent.literature import (
 )
 from arag.agent.planner import make_planner, plan_rules, protect, repair_ids, validate_llm_plan
 from arag.agent.reformulator import make_reformulator, reformulate_rules
-from arag.agent.state import ContextPassage, Draft, Grade
+from arag.agent.state import ContextPassage, Draft, Grade, LibraryCount
 from arag.agent.support import LexicalSupport
 from arag.agent.terms import (
     cited_numbers,
@@ -854,3 +855,111 @@ def test_an_overview_claim_naming_other_papers_authors_is_no_claim_of_the_cited_
     assert names_authors("As in Yang et. al., novelty detection finds rumours [5].")
     assert not names_authors("Novelty detection finds rumours in the ET corpus [5].")
     assert not names_authors("The authors detect rumours with Gaussian Processes [2].")
+
+
+# --- "how many papers ...": the library's count ---------------------------------------------------
+
+
+def test_a_count_question_is_told_from_other_questions() -> None:
+    for q in (
+        "How many papers in the library are about sentiment analysis?",
+        "how many NLP papers study sarcasm?",
+        "What is the number of papers on fake news?",
+    ):
+        assert count_question(q), q
+    for q in (
+        "How many layers does the model have?",
+        "How do papers detect sarcasm?",
+        "How many parameters do the papers' models have?",
+        "how many articles are in the dataset?",
+    ):
+        assert not count_question(q), q
+    # The count's own frame is no topic term.
+    assert count_terms("How many papers in the library are about sentiment analysis?") == [
+        "sentiment",
+        "analysi",
+    ]
+    assert count_terms("What is the number of papers on fake news?") == ["fake", "news"]
+
+
+def test_papers_holding_every_term_in_title_or_abstract() -> None:
+    def abstract(pid: str, title: str, text: str) -> ScoredChunk:
+        chunk = Chunk(id=f"{pid}:0000:00000000", paper_id=pid, index=0, title=title, type="abstract",
+                      text=text, embed_text=text, n_tokens=len(text.split()))  # fmt: skip
+        return ScoredChunk(chunk=chunk, score=1.0)
+
+    hits = [
+        abstract("a", "Sentiment analysis of tweets", "We classify tweets."),
+        abstract("b", "Opinion mining", "We analyse the sentiment of reviews."),  # British spelling
+        abstract("c", "Emotion detection", "Sentiment is one of our labels."),  # no analysis
+        abstract("a", "Sentiment analysis of tweets", "A second piece of a's abstract."),
+    ]
+    assert papers_holding(hits, ["sentiment", "analysi"]) == ["a", "b"]
+    count = library_count("How many papers are about sentiment analysis?", hits)
+    assert count == LibraryCount(papers=2, words=["sentiment", "analysis"])
+    assert count_sentence(count) == (
+        '2 papers in the library have "sentiment" and "analysis" in their title or abstract'
+    )
+    one = LibraryCount(papers=1, words=["sarcasm"])
+    assert count_sentence(one) == '1 paper in the library has "sarcasm" in their title or abstract'
+    assert library_count("How many papers are there?", hits) is None
+    mt = library_count("How many papers are on machine translation for low-resource languages?", hits)
+    assert mt == LibraryCount(papers=0, words=["machine", "translation", "low-resource", "languages"])
+
+
+def test_a_count_question_gets_the_librarys_count(lib: Settings, retriever: Retriever) -> None:
+    import gzip
+    import json
+
+    # Counted independently: the small library's papers whose title or abstract say "sarcas...".
+    with gzip.open(lib.corpus.qasper_path, "rt") as f:
+        papers = [json.loads(line) for line in f]
+    expected = sum(
+        "sarcas" in f"{p['title']} {p['abstract']}".lower() for p in papers if p["id"] in SARCASM + OTHERS
+    )
+    assert expected >= 3
+    agent = build_agent(lib, retriever, None)
+    a = agent.run("How many papers in the library are about sarcasm?")
+    _check_literature(a)
+    head = f'{expected} papers in the library have "sarcasm" in their title or abstract; the answer draws on '
+    assert a.short_answer.startswith(head), a.short_answer
+    # The number the answer draws on follows, as for any literature answer.
+    assert re.match(rf"{re.escape(head)}\d+ papers", a.short_answer)
+    retrieved = next(e for e in a.events if e.node == "retriever")
+    assert head.split(";")[0] in retrieved.decision
+    # Any other open question's short answer is as before.
+    b = agent.run("How do researchers automatically detect sarcasm and irony in tweets?")
+    assert re.match(r"\d+ papers", b.short_answer)
+
+
+def test_arag_ask_prints_the_count_and_each_paper_once(
+    lib: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from arag.cli.main import app
+
+    env = {
+        "ARAG_DATA_DIR": str(lib.data_dir),
+        "ARAG_CORPUS__PAPER_IDS": json.dumps(SARCASM + OTHERS),
+        "ARAG_EMBEDDING__PROVIDER": "hash",
+        "ARAG_TOPICS__K": "2",
+        "ARAG_RERANK__PROVIDER": "none",
+        "ARAG_LLM__PROVIDER": "extractive",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    res = CliRunner().invoke(app, ["ask", "How many papers in the library are about sarcasm?"])
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    assert re.search(
+        r'^\d+ papers in the library have "sarcasm" in their title or abstract; the answer draws on',
+        out,
+        re.M,
+    )
+    assert "Sources (the papers, each with its [n] markers)" in out
+    lines = [line for line in out.splitlines() if re.match(r"\s+\[\d+\]", line)]
+    ids = [re.search(r"arxiv\.org/abs/(\S+)", line)[1] for line in lines]  # type: ignore[index]
+    assert ids and len(ids) == len(set(ids)) and set(ids) <= set(SARCASM + OTHERS)

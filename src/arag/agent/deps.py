@@ -15,7 +15,7 @@ from arag.errors import AragError, ModelUnavailable
 from arag.llm.base import LLM, ChatMessage
 from arag.models.abstention import AbstentionRule
 from arag.models.reader import Reader
-from arag.records import NodeEvent, SearchFilter
+from arag.records import NodeEvent, ScoredChunk, SearchFilter
 from arag.retrieval.pipeline import SearchResult
 from arag.settings import AgentSettings
 
@@ -28,6 +28,8 @@ class SearchBackend(Protocol):
     def search_many(
         self, queries: Sequence[str], flt: SearchFilter | None = None, *, concurrent: bool = True
     ) -> list[SearchResult]: ...
+
+    def abstract_matches(self, query: str, flt: SearchFilter | None = None) -> list[ScoredChunk]: ...
 
 
 @dataclass

@@ -6,10 +6,11 @@ from __future__ import annotations
 import re
 
 from arag.agent.answer_type import strip_lead
+from arag.agent.count import count_question, count_sentence, count_terms, library_count
 from arag.agent.deps import AgentDeps
 from arag.agent.literature import addressing_parts, refers_to_its_paper
-from arag.agent.state import AgentState, Evidence, QueryOutcome, QueryPapers, Step
-from arag.agent.terms import key_terms
+from arag.agent.state import AgentState, Evidence, LibraryCount, QueryOutcome, QueryPapers, Step
+from arag.agent.terms import key_terms, term_words
 from arag.records import PaperHit, RankedChunk, RankedPaper, SearchFilter
 from arag.retrieval.pipeline import SearchResult
 
@@ -134,6 +135,17 @@ def search_pass(
     return [by_index[i] for i in range(len(queries))], scoped_to, later
 
 
+def count_library(deps: AgentDeps, question: str, flt: SearchFilter | None) -> LibraryCount | None:
+    """For "how many papers ...": the library's papers whose title or abstract hold the topic's terms
+    (every abstract BM25 matches on one of them is read, not the ranked top 10)."""
+    terms = count_terms(question)
+    if not terms:
+        return None
+    words = term_words(question)
+    topic = " ".join(words.get(t, t) for t in terms)
+    return library_count(question, deps.retriever.abstract_matches(topic, flt))
+
+
 def make_retrieval_node(deps: AgentDeps):
     """The graph's retriever node: it searches the pending queries through ``deps.retriever`` (it
     makes no retriever) and adds the passages not seen yet as evidence."""
@@ -194,6 +206,10 @@ def make_retrieval_node(deps: AgentDeps):
                 )
             )
         resolved = next((r.hybrid.resolved for r in results if r.hybrid.resolved is not None), None)
+        question = state.get("question", "")
+        count = state.get("library_count")
+        if literature and count is None and count_question(question):
+            count = count_library(deps, question, state.get("flt"))
         update = {
             "sub_queries": queries,
             "evidence": evidence,
@@ -205,6 +221,7 @@ def make_retrieval_node(deps: AgentDeps):
             "closest": closest_papers(results, state.get("closest", []), settings.closest_papers),
             "literature": literature,
             "rankings": rankings,
+            "library_count": count,
         }
         kept = sum(o.kept for o in outcomes)
         empty = sum(o.kept == 0 for o in outcomes)
@@ -217,6 +234,8 @@ def make_retrieval_node(deps: AgentDeps):
         if literature:
             ranked = len({p.paper_id for r in rankings for p in r.papers})
             decision += f"; {ranked} papers ranked"
+        if count is not None and pass_index == 0:
+            decision += f"; {count_sentence(count)}"
         if scoped_to is not None:
             parts = "1 part" if len(later) == 1 else f"{len(later)} parts"
             decision += f"; {parts} about the first part's paper searched in {scoped_to}"

@@ -120,6 +120,15 @@ class Draft(BaseModel):
     groups: list[tuple[str, list[tuple[int, str]]]] = Field(default_factory=list)
 
 
+class LibraryCount(BaseModel):
+    """The library's papers on a question's topic (agent/count.py): their number, the words counted."""
+
+    model_config = ConfigDict(frozen=True)
+
+    papers: int
+    words: list[str]
+
+
 class AgentState(TypedDict, total=False):
     """The graph's state. Annotated keys concatenate; the rest overwrite."""
 
@@ -137,6 +146,8 @@ class AgentState(TypedDict, total=False):
     # An open question (no paper named or chosen): answered across papers, from their rankings.
     literature: bool
     rankings: Annotated[list[QueryPapers], operator.add]
+    # "How many papers ...": the library's papers on the topic (agent/count.py).
+    library_count: LibraryCount | None
     events: Annotated[list[NodeEvent], operator.add]
     passes: int
     retries: int

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arag.agent import prompts
+from arag.agent.count import count_sentence
 from arag.agent.deps import AgentDeps
 from arag.agent.literature import literature_short_answer
 from arag.agent.state import AgentState, ContextPassage, Draft, Grade, Step
@@ -380,6 +381,12 @@ def make_verifier(deps: AgentDeps):
             if lit.abstained:
                 why = "abstain: no paper's point is supported by its passage"
                 return Step({"answer": lit}, why, lit_counts)
+            count = state.get("library_count")
+            if count is not None:
+                # Asked how many papers: the library's count, then the few the answer draws on (whose
+                # number, said alone, read as the count).
+                short = f"{count_sentence(count)}; the answer draws on {lit.short_answer}"
+                lit = lit.model_copy(update={"short_answer": short})
             decision = f"{vl.supported}/{vl.claims} claims supported; {len(lit.papers)} papers"
             return Step({"answer": lit}, f"{decision} in {len(lit.groups)} groups", lit_counts)
         v = verify_claims(draft, passages, deps.support, answer_type, mark=settings.unsupported == "mark")

@@ -58,7 +58,7 @@ from arag.eval.qasper_metrics import (
 )
 from arag.eval.retrieval import bootstrap_ci, hits_per_rank
 from arag.models.abstention import signals
-from arag.records import Answer, Chunk, SearchFilter
+from arag.records import Answer, Chunk, ScoredChunk, SearchFilter
 from arag.retrieval.pipeline import SearchResult
 
 Kind = Literal["yes_no", "extractive", "abstractive", "unanswerable"]
@@ -471,6 +471,9 @@ class RecordingBackend:
             for c in r.ranked:
                 self.chunks[c.chunk.id] = c.chunk
         return results
+
+    def abstract_matches(self, query: str, flt: SearchFilter | None = None) -> list[ScoredChunk]:
+        return list(self.inner.abstract_matches(query, flt))
 
 
 # --- summaries ------------------------------------------------------------------------------------

@@ -82,6 +82,15 @@ class HybridRetriever:
         query, flt, resolved = self.scope(query, flt)
         return self._run(query, vector, flt, resolved)
 
+    def abstract_matches(self, query: str, flt: SearchFilter | None = None) -> list[ScoredChunk]:
+        """Every abstract holding one of the query's BM25 terms, best first: the whole library's
+        candidates for "how many papers ...", which a ranked top 10 cannot count."""
+        terms = self._bm25.encode_query(query)
+        only = _with_types(flt, ["abstract"])
+        if not terms.indices or only is None:
+            return []
+        return self.store.sparse_search(terms, max(1, self.store.count(only)), only)
+
     def search_many(
         self, queries: Sequence[str], flt: SearchFilter | None = None, *, concurrent: bool = True
     ) -> MultiResult:

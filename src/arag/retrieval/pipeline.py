@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from arag.index.store import Store
 from arag.llm.base import LLM
 from arag.models.reranker import Reranker
-from arag.records import RankedChunk, RankedPaper, SearchFilter
+from arag.records import RankedChunk, RankedPaper, ScoredChunk, SearchFilter
 from arag.retrieval.hybrid import HybridResult, HybridRetriever
 from arag.retrieval.papers import rank_papers
 from arag.retrieval.rerank import RerankStage
@@ -93,6 +93,10 @@ class Retriever:
         multi = self.hybrid.search_many(queries, flt, concurrent=concurrent)
         ms = 1000 * (time.perf_counter() - t0) / max(1, len(queries))
         return [self._rerank(q, r, ms) for q, r in zip(queries, multi.per_query, strict=True)]
+
+    def abstract_matches(self, query: str, flt: SearchFilter | None = None) -> list[ScoredChunk]:
+        """Every abstract holding one of the query's BM25 terms (see ``HybridRetriever``)."""
+        return self.hybrid.abstract_matches(query, flt)
 
     def _rerank(
         self, query: str, hybrid: HybridResult, search_ms: float, expanded: Expanded | None = None
