@@ -963,3 +963,30 @@ def test_arag_ask_prints_the_count_and_each_paper_once(
     lines = [line for line in out.splitlines() if re.match(r"\s+\[\d+\]", line)]
     ids = [re.search(r"arxiv\.org/abs/(\S+)", line)[1] for line in lines]  # type: ignore[index]
     assert ids and len(ids) == len(set(ids)) and set(ids) <= set(SARCASM + OTHERS)
+
+
+def test_how_many_papers_with_no_topic_is_the_librarys_size(lib: Settings, retriever: Retriever) -> None:
+    from arag.agent.router import route_rules
+
+    for q in (
+        "How many papers?",
+        "How many papers are in the library?",
+        "What is the number of papers here?",
+    ):
+        assert route_rules(q).route == "about", q
+    assert route_rules("How many papers use BERT?").route == "research"
+    agent = build_agent(lib, retriever, None)
+    a = agent.run("How many papers are in the library?")
+    n = len(SARCASM + OTHERS)
+    assert (a.route, a.short_answer, a.abstained) == ("about", f"{n} papers", False)
+    assert a.text.startswith(f"The library holds {n} papers")
+
+
+def test_a_compound_question_counts_the_part_that_asks_how_many(lib: Settings, retriever: Retriever) -> None:
+    agent = build_agent(lib, retriever, None)
+    a = agent.run("How many papers are about sarcasm, and how do they detect it?")
+    assert a.form == "literature" and len(a.groups) == 2
+    # The count is of the first part's topic, not of "sarcasm" and "detect".
+    assert re.match(
+        r'\d+ papers? in the library (?:have|has) "sarcasm" in their title or abstract;', a.short_answer
+    )

@@ -36,6 +36,11 @@ def count_question(question: str) -> bool:
     return _COUNT.search(question) is not None
 
 
+def library_size_question(question: str) -> bool:
+    """ "How many papers (are in the library)?": a count with no topic, of the whole library."""
+    return count_question(question) and not count_terms(question)
+
+
 def count_terms(question: str) -> list[str]:
     """The topic's key terms: the open question's focus terms, less the count's frame."""
     return [t for t in focus_terms(question) if t not in _COUNT_WORDS]

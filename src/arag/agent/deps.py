@@ -31,6 +31,8 @@ class SearchBackend(Protocol):
 
     def abstract_matches(self, query: str, flt: SearchFilter | None = None) -> list[ScoredChunk]: ...
 
+    def paper_count(self) -> int: ...
+
 
 @dataclass
 class AgentDeps:

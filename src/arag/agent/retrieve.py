@@ -206,10 +206,13 @@ def make_retrieval_node(deps: AgentDeps):
                 )
             )
         resolved = next((r.hybrid.resolved for r in results if r.hybrid.resolved is not None), None)
-        question = state.get("question", "")
         count = state.get("library_count")
-        if literature and count is None and count_question(question):
-            count = count_library(deps, question, state.get("flt"))
+        if literature and count is None:
+            # A compound question counts the part that asks how many ("How many papers are about
+            # sarcasm, and how do they detect it?": sarcasm, not detection).
+            asks = [p for p in state.get("plan", []) if count_question(p)] or [state.get("question", "")]
+            if count_question(asks[0]):
+                count = count_library(deps, asks[0], state.get("flt"))
         update = {
             "sub_queries": queries,
             "evidence": evidence,

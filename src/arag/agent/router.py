@@ -11,6 +11,7 @@ from typing import Literal
 
 from arag.agent import prompts
 from arag.agent.about import about_prompt, relevant_sections
+from arag.agent.count import library_size_question
 from arag.agent.deps import AgentDeps, ask, ask_json
 from arag.agent.direct import arithmetic_expression, evaluate, fixed_reply, is_chitchat
 from arag.agent.state import AgentState, Step
@@ -80,6 +81,8 @@ def route_rules(question: str) -> RouteDecision:
         return RouteDecision("direct", "arithmetic", True)
     if is_chitchat(q):
         return RouteDecision("direct", "greeting or small talk", True)
+    if library_size_question(q):
+        return RouteDecision("about", "asks how many papers the library holds", True)
     terms = key_terms(q)
     if any(p.search(q) for p in _ABOUT) or (
         _RAG_Q.search(q) and len(set(terms) - _RAG_TERMS) <= MAX_RAG_OTHER_TERMS
@@ -164,6 +167,17 @@ def make_about(deps: AgentDeps):
 
     def about(state: AgentState) -> Step:
         question = state["question"]
+        if library_size_question(question):
+            # A number the library knows, not one the LLM would guess from its description.
+            n = deps.retriever.paper_count()
+            text = (
+                f"The library holds {n:,} papers (`arag papers` lists them). Ask how many are on a topic "
+                '("How many papers are about sarcasm?") for the papers whose title and abstract name it.'
+            )
+            size = Answer(
+                question=question, short_answer=f"{n:,} papers", text=text, route="about", mode="about"
+            )
+            return Step({"answer": size}, f"the library's size: {n:,} papers", {"papers": n})
         sections = relevant_sections(question)
         text = "\n\n".join(sections)
         how = "description sections"

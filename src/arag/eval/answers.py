@@ -475,6 +475,9 @@ class RecordingBackend:
     def abstract_matches(self, query: str, flt: SearchFilter | None = None) -> list[ScoredChunk]:
         return list(self.inner.abstract_matches(query, flt))
 
+    def paper_count(self) -> int:
+        return int(self.inner.paper_count())
+
 
 # --- summaries ------------------------------------------------------------------------------------
 

@@ -91,6 +91,10 @@ class HybridRetriever:
             return []
         return self.store.sparse_search(terms, max(1, self.store.count(only)), only)
 
+    def paper_count(self) -> int:
+        """How many papers the library holds."""
+        return len(self.store.paper_ids())
+
     def search_many(
         self, queries: Sequence[str], flt: SearchFilter | None = None, *, concurrent: bool = True
     ) -> MultiResult:

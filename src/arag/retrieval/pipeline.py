@@ -98,6 +98,10 @@ class Retriever:
         """Every abstract holding one of the query's BM25 terms (see ``HybridRetriever``)."""
         return self.hybrid.abstract_matches(query, flt)
 
+    def paper_count(self) -> int:
+        """How many papers the library holds."""
+        return self.hybrid.paper_count()
+
     def _rerank(
         self, query: str, hybrid: HybridResult, search_ms: float, expanded: Expanded | None = None
     ) -> SearchResult:
