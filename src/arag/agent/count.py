@@ -73,5 +73,5 @@ def count_sentence(count: LibraryCount) -> str:
     quoted = [f'"{w}"' for w in count.words]
     words = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
     noun = "paper" if count.papers == 1 else "papers"
-    verb = "has" if count.papers == 1 else "have"
-    return f"{count.papers} {noun} in the library {verb} {words} in their title or abstract"
+    verb, their = ("has", "its") if count.papers == 1 else ("have", "their")
+    return f"{count.papers} {noun} in the library {verb} {words} in {their} title or abstract"
