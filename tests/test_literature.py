@@ -989,3 +989,14 @@ def test_a_compound_question_counts_the_part_that_asks_how_many(lib: Settings, r
     # The count is of the first part's topic, not of "sarcasm" and "detect".
     counted = r'\d+ papers? in the library (?:have|has) "sarcasm" in (?:their|its) title or abstract;'
     assert re.match(counted, a.short_answer), a.short_answer
+
+
+def test_a_count_question_the_library_cannot_answer_still_gives_its_count(
+    lib: Settings, retriever: Retriever
+) -> None:
+    a = build_agent(lib, retriever, None).run("How many papers are about sourdough bread?")
+    assert a.abstained and a.short_answer == prompts.NOT_IN_LIBRARY
+    assert a.text.startswith(
+        '0 papers in the library have "sourdough" and "bread" in their title or abstract.\n\n'
+    )
+    assert prompts.ABSTAIN in a.text

@@ -356,12 +356,17 @@ def make_verifier(deps: AgentDeps):
             "form": "literature" if state.get("literature") else "answer",
         }
         missing = missing_note(grade) if grade.verdict != "sufficient" else []
+        count = state.get("library_count")
+        declined = abstain_text(closest)
+        if count is not None:
+            # Asked how many papers: the count stands even when no paper's passages answer.
+            declined = f"{count_sentence(count)}.\n\n{declined}"
 
         def abstention(**extra: Any) -> Answer:
             """Not in the library: what it lacks, and the closest passages it has instead."""
             return Answer(
                 short_answer=prompts.NOT_IN_LIBRARY,
-                text=abstain_text(closest),
+                text=declined,
                 abstained=True,
                 mode="abstain",
                 missing=missing,
@@ -380,8 +385,7 @@ def make_verifier(deps: AgentDeps):
             }
             if lit.abstained:
                 why = "abstain: no paper's point is supported by its passage"
-                return Step({"answer": lit}, why, lit_counts)
-            count = state.get("library_count")
+                return Step({"answer": lit.model_copy(update={"text": declined})}, why, lit_counts)
             if count is not None:
                 # Asked how many papers: the library's count, then the few the answer draws on (whose
                 # number, said alone, read as the count).
