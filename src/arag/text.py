@@ -54,7 +54,9 @@ _PUNCT_BEFORE_STOP = re.compile(r"[,;:]+(?=\.)")
 # passages): what it marks stays, the commands go. Inside $...$ nothing changes (a formula is not
 # prose to tidy); a citation command goes as a stand-in does.
 _MATH = re.compile(r"(\$\$?)[^$]*\1")
-_CITE_COMMAND = re.compile(r"\s*~?\\cite[tp]?\*?\{[^{}]*\}")
+# A LaTeX citation (\cite{key}, \citep{a,b}); like a stand-in, it cites other work.
+LATEX_CITE_PATTERN = r"\\cite[tp]?\*?\{[^{}]*\}"
+_CITE_COMMAND = re.compile(rf"\s*~?{LATEX_CITE_PATTERN}")
 _FONT_COMMAND = re.compile(
     r"\\(?:emph|textbf|textit|texttt|textsc|textrm|textsf|textmd|underline)\{([^{}]*)\}"
 )

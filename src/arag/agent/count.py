@@ -13,7 +13,7 @@ abstract's text).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from arag.agent.literature import focus_terms
 from arag.agent.state import LibraryCount
@@ -57,14 +57,18 @@ def papers_holding(hits: Sequence[ScoredChunk], terms: Sequence[str]) -> list[st
     return list(out)
 
 
-def library_count(question: str, hits: Sequence[ScoredChunk]) -> LibraryCount | None:
-    """The count for a count question (None when the question has no topic term to count)."""
+def library_count(
+    question: str, abstract_matches: Callable[[str], Sequence[ScoredChunk]]
+) -> LibraryCount | None:
+    """The count for a count question (None when the question has no topic term to count):
+    ``abstract_matches`` gives the abstracts BM25 matches on a query of the topic's words."""
     terms = count_terms(question)
     if not terms:
         return None
     words = term_words(question)
     # One word may give two terms ("low-resource": "low", "resourc"); it is said once.
     said = list(dict.fromkeys(words.get(t, t) for t in terms))
+    hits = abstract_matches(" ".join(said))
     return LibraryCount(papers=len(papers_holding(hits, terms)), words=said)
 
 

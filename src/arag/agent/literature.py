@@ -37,7 +37,7 @@ from arag.agent.terms import (
     unfinished,
 )
 from arag.records import RankedPaper
-from arag.text import has_placeholder, held_terms, strip_placeholders, tokenize
+from arag.text import LATEX_CITE_PATTERN, has_placeholder, held_terms, strip_placeholders, tokenize
 
 # Words of an open question's frame ("how do researchers usually ...") that no passage needs to hold.
 _FRAME = frozenset(
@@ -91,7 +91,7 @@ _SELF = re.compile(r"\b(?:we|our|this\s+(?:paper|work|study|article))\b", re.I)
 _CITATION_KEY = re.compile(
     r"\b(?:ACL|EMNLP|NAACL|EACL|COLING|AAAI|IJCAI|ICLR|ICML|NIPS|NeurIPS|LREC|CoNLL)\d{2,4}[A-Z][a-z]"
     r"|\bEtAl:\d{4}"
-    r"|\\cite[tp]?\*?\{"  # a LaTeX citation an arXiv abstract kept (removed from what is shown)
+    rf"|{LATEX_CITE_PATTERN}"  # a LaTeX citation an arXiv abstract kept (removed from what is shown)
 )
 _OTHERS_WORK = re.compile(
     r"\bet\s+al\b|\btheir\s+(?:work|model|approach|method|system|paper|study)s?\b|"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 
 from arag.agent.answer_type import strip_lead
-from arag.agent.count import count_question, count_sentence, count_terms, library_count
+from arag.agent.count import count_question, count_sentence, library_count
 from arag.agent.deps import AgentDeps
 from arag.agent.literature import addressing_parts, refers_to_its_paper
-from arag.agent.state import AgentState, Evidence, LibraryCount, QueryOutcome, QueryPapers, Step
-from arag.agent.terms import key_terms, term_words
+from arag.agent.state import AgentState, Evidence, QueryOutcome, QueryPapers, Step
+from arag.agent.terms import key_terms
 from arag.records import PaperHit, RankedChunk, RankedPaper, SearchFilter
 from arag.retrieval.pipeline import SearchResult
 
@@ -135,17 +135,6 @@ def search_pass(
     return [by_index[i] for i in range(len(queries))], scoped_to, later
 
 
-def count_library(deps: AgentDeps, question: str, flt: SearchFilter | None) -> LibraryCount | None:
-    """For "how many papers ...": the library's papers whose title or abstract hold the topic's terms
-    (every abstract BM25 matches on one of them is read, not the ranked top 10)."""
-    terms = count_terms(question)
-    if not terms:
-        return None
-    words = term_words(question)
-    topic = " ".join(words.get(t, t) for t in terms)
-    return library_count(question, deps.retriever.abstract_matches(topic, flt))
-
-
 def make_retrieval_node(deps: AgentDeps):
     """The graph's retriever node: it searches the pending queries through ``deps.retriever`` (it
     makes no retriever) and adds the passages not seen yet as evidence."""
@@ -212,7 +201,9 @@ def make_retrieval_node(deps: AgentDeps):
             # sarcasm, and how do they detect it?": sarcasm, not detection).
             asks = [p for p in state.get("plan", []) if count_question(p)] or [state.get("question", "")]
             if count_question(asks[0]):
-                count = count_library(deps, asks[0], state.get("flt"))
+                # Every abstract BM25 matches on one of the topic's terms is read, not the top 10.
+                flt = state.get("flt")
+                count = library_count(asks[0], lambda topic: deps.retriever.abstract_matches(topic, flt))
         update = {
             "sub_queries": queries,
             "evidence": evidence,
