@@ -47,7 +47,7 @@ from arag.retrieval.hybrid import HybridResult
 from arag.retrieval.pipeline import SearchResult
 from arag.retrieval.resolve import PaperRef
 from arag.settings import AgentSettings
-from arag.text import has_placeholder, strip_placeholders, tokenize
+from arag.text import has_placeholder, strip_placeholders, title_as_text, tokenize
 
 # --- fixtures: chunks, evidence, passages, deps -------------------------------------------------
 
@@ -445,6 +445,25 @@ def test_placeholders_leave_no_stray_marks(text: str, clean: str) -> None:
 )
 def test_latex_markup_outside_formulas_is_shown_as_text(text: str, shown: str) -> None:
     assert strip_placeholders(text) == shown
+
+
+@pytest.mark.parametrize(
+    ("title", "shown"),
+    [
+        (
+            r"$\rho$-hot Lexicon Embedding-based Two-level LSTM",
+            "ρ-hot Lexicon Embedding-based Two-level LSTM",
+        ),
+        (r"360{\deg} Stance Detection", "360° Stance Detection"),
+        (r"A 90$^\circ$ turn and $\Delta$ scores", "A 90° turn and Δ scores"),
+        (r"Generaci\'on autom\'atica en espa\~nol", "Generación automática en español"),
+        # Any other formula stays as written; a title without markup loses only its extra spaces.
+        (r"Bounds for $k$-means and $x^2$", r"Bounds for $k$-means and $x^2$"),
+        ("Attention  Is All\nYou Need", "Attention Is All You Need"),
+    ],
+)
+def test_a_titles_latex_is_read_as_text(title: str, shown: str) -> None:
+    assert title_as_text(title) == shown
 
 
 def test_the_stand_ins_are_one_pattern_for_the_index_and_the_answers() -> None:

@@ -67,7 +67,7 @@ def test_growing_the_library_adds_only_new_papers(tmp_path: Path, qasper_path: P
     build_library(_settings(tmp_path / "lib", 4))
     s6 = _settings(tmp_path / "lib", 6)
     summary = build_library(s6)
-    assert summary.papers_added == 2 and summary.papers_skipped == 4
+    assert summary.papers_added == 2 and summary.papers_skipped == 4 and summary.papers_updated == 0
     assert library_status(s6).papers == 6
 
 
@@ -76,7 +76,7 @@ def test_changed_chunking_rebuilds_without_duplicates(tmp_path: Path, qasper_pat
     build_library(s)
     smaller = _settings(tmp_path / "lib", 3, chunking={"target_tokens": 120})
     summary = build_library(smaller)
-    assert summary.papers_added == 3
+    assert summary.papers_added == summary.papers_updated == 3
     st = library_status(smaller)
     assert st.chunks == summary.chunks_added  # old chunks of those papers are gone
 

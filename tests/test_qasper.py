@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from arag.corpus.qasper import iter_qasper, load_qasper, year_month
+from arag.corpus.qasper import abstract_text, iter_qasper, load_qasper, paper_from_record, year_month
 from arag.errors import CorpusError
 
 
@@ -24,6 +24,37 @@ from arag.errors import CorpusError
 )
 def test_year_month_from_arxiv_id(arxiv_id: str, expected: tuple[int | None, int | None]) -> None:
     assert year_month(arxiv_id) == expected
+
+
+def test_an_abstracts_paragraphs_and_a_titles_latex_are_read_as_text() -> None:
+    # S2ORC's " ::: " between an abstract's paragraphs, and a structured abstract's headings.
+    assert abstract_text("like clustering.  ::: In this publication, we  ") == (
+        "like clustering. In this publication, we"
+    )
+    assert abstract_text("BACKGROUND ::: We built it. :::  :::  ::: RESULTS ::: It works. :::") == (
+        "Background: We built it. Results: It works."
+    )
+    assert abstract_text("No paragraphs here: a colon stays.") == "No paragraphs here: a colon stays."
+    rec = {
+        "id": "2003.10564",
+        "title": r"Improving Yor\`ub\'a Diacritic Restoration",
+        "abstract": "First. ::: Second.",
+        "sections": [{"section": "Intro", "paragraphs": ["Text."]}],
+    }
+    paper = paper_from_record(rec)
+    assert (paper.title, paper.abstract) == ("Improving Yorùbá Diacritic Restoration", "First. Second.")
+
+
+def test_the_corpus_titles_and_abstracts_hold_no_markup(qasper_path: Path) -> None:
+    # Every paper of the default library, as read: no LaTeX left in a title, no " ::: " in an abstract.
+    papers = [p for p in iter_qasper(qasper_path) if not isinstance(p, CorpusError)]
+    assert len(papers) == 1585
+    assert not [p.title for p in papers if "\\" in p.title or "{" in p.title or "$" in p.title]
+    assert not [p.id for p in papers if ":::" in p.abstract]
+    titles = {p.id: p.title for p in papers}
+    assert titles["1804.00982"] == "360° Stance Detection"
+    assert titles["1803.07771"].startswith("ρ-hot Lexicon Embedding")
+    assert titles["2001.11381"] == "Generación automática de frases literarias en español"
 
 
 def test_loads_real_papers_with_sections(qasper_path: Path) -> None:

@@ -24,6 +24,18 @@ def test_normalise() -> None:
     assert (
         normalise("  Retrieval-Augmented  Generation: A Study! ") == "retrieval augmented generation a study"
     )
+    assert normalise("Improving Yorùbá Diacritic Restoration") == "improving yoruba diacritic restoration"
+
+
+def test_a_title_with_accents_resolves_typed_with_or_without_them() -> None:
+    r = PaperResolver([*PAPERS, ("2003.10564", "Improving Yorùbá Diacritic Restoration")])
+    for q in (
+        "What data does Improving Yoruba Diacritic Restoration use?",
+        "What data does improving yorùbá diacritic restoration use?",
+    ):
+        ref = r.resolve(q)
+        assert ref is not None and ref.paper_id == "2003.10564", q
+        assert ref.remainder(q) == "What data does use?"
 
 
 @pytest.mark.parametrize(

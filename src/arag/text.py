@@ -86,6 +86,31 @@ def latex_as_text(text: str) -> str:
     return "".join(out)
 
 
+# A formula that is one Greek letter ("$\\rho$-hot") and a degree sign ("360{\\deg}"): what a
+# title's LaTeX most often holds beyond accents and fonts; a title is read, never typeset.
+_GREEK = (
+    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi pi rho sigma tau "
+    "upsilon phi chi psi omega"
+).split()
+_GREEK_FORMULA = re.compile(r"\$\\(" + "|".join(_GREEK) + r")\$", re.IGNORECASE)
+_DEGREE = re.compile(r"\{?\\(?:degree|deg)(?![A-Za-z])\}?|\$\^\{?\\circ\}?\$")
+
+
+def _greek(m: re.Match[str]) -> str:
+    case = "CAPITAL" if m[1][0].isupper() else "SMALL"
+    return unicodedata.lookup(f"GREEK {case} LETTER {m[1].upper()}")
+
+
+def title_as_text(title: str) -> str:
+    """A paper title as a reader sees it: LaTeX read as text (:func:`latex_as_text`), a one-letter
+    Greek formula as its letter and a degree command as "°" ("$\\rho$-hot" -> "ρ-hot", "360{\\deg}"
+    -> "360°"), spaces single."""
+    if "\\" not in title:
+        return " ".join(title.split())
+    t = _DEGREE.sub("°", _GREEK_FORMULA.sub(_greek, title))
+    return " ".join(latex_as_text(t).split())
+
+
 def has_placeholder(text: str) -> bool:
     """Whether ``text`` holds a BIBREF0 / TABREF1 / ... stand-in (what it said is not in the text)."""
     return _PLACEHOLDER_SPACE.search(text) is not None

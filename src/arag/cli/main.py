@@ -66,7 +66,11 @@ def _register_subapps() -> None:
 
 def _print_summary(summary: BuildSummary, title: str) -> None:
     table = Table(title=title, show_header=False, title_justify="left")
-    table.add_row("papers added", str(summary.papers_added))
+    added = str(summary.papers_added)
+    if summary.papers_updated:
+        updated = summary.papers_updated
+        added += f" ({updated} already in the library, indexed again: their text or the chunking changed)"
+    table.add_row("papers added", added)
     table.add_row("papers already up to date", str(summary.papers_skipped))
     table.add_row("papers failed", str(summary.papers_failed))
     by_type = ", ".join(f"{k} {v}" for k, v in sorted(summary.chunks_by_type.items())) or "-"

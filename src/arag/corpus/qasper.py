@@ -11,11 +11,26 @@ from pathlib import Path
 
 from arag.errors import CorpusError
 from arag.records import Paper, Section
+from arag.text import title_as_text
 
 log = logging.getLogger(__name__)
 
 ATTRIBUTION = "Library: QASPER (Dasigi et al., NAACL 2021), 1,585 NLP papers from arXiv via S2ORC, CC-BY 4.0."
 _NEW_ID = re.compile(r"^(\d{2})(\d{2})\.\d{4,5}(v\d+)?$")
+# S2ORC joins an abstract's paragraphs with " ::: " (19 of the 1,585): left in, it glued the sentences
+# either side into one ("... like clustering.: In this publication ...").
+_ABSTRACT_PARAGRAPHS = re.compile(r"\s*:::\s*")
+
+
+def abstract_text(raw: str) -> str:
+    """An abstract's paragraphs as one text; a structured abstract's headings ("RESULTS ::: We found")
+    lead their paragraph ("Results: We found")."""
+    parts = [p for p in _ABSTRACT_PARAGRAPHS.split(raw.strip()) if p]
+    out: list[str] = []
+    for i, part in enumerate(parts):
+        heading = part.isupper() and len(part.split()) <= 3 and i + 1 < len(parts)
+        out.append(f"{part.capitalize()}:" if heading else part)
+    return " ".join(out)
 
 
 def year_month(arxiv_id: str) -> tuple[int | None, int | None]:
@@ -46,7 +61,8 @@ def paper_from_record(rec: dict) -> Paper:
     """One QASPER JSON record as a Paper, keeping arXiv id and section structure."""
     try:
         pid = str(rec["id"]).strip()
-        title = str(rec.get("title") or "").strip()
+        # Six titles keep arXiv's LaTeX ("Yor\\`ub\\'a"); a title is shown and searched as read.
+        title = title_as_text(str(rec.get("title") or "").strip())
         sections = [
             Section(
                 name=str(s.get("section") or "").strip() or "Body",
@@ -70,7 +86,7 @@ def paper_from_record(rec: dict) -> Paper:
     return Paper(
         id=pid,
         title=title,
-        abstract=str(rec.get("abstract") or "").strip(),
+        abstract=abstract_text(str(rec.get("abstract") or "")),
         sections=[s for s in sections if s.paragraphs],
         year=year,
         month=month,

@@ -51,6 +51,8 @@ class BuildSummary(BaseModel):
 
     papers_seen: int = 0
     papers_added: int = 0
+    # Of papers_added, those the library held under another build key (their text or chunking changed).
+    papers_updated: int = 0
     papers_skipped: int = 0
     papers_failed: int = 0
     chunks_added: int = 0
@@ -203,6 +205,7 @@ class LibraryBuilder:
                     [self._row(p, cs) for p, cs in zip(batch.papers, batch.chunks, strict=True)]
                 )
             summary.papers_added += len(batch.papers)
+            summary.papers_updated += sum(p.id in keys for p in batch.papers)
             summary.chunks_added += len(flat)
             by_type.update(c.type for c in flat)
             overlaps.extend(c.overlap_sentences for c in flat if c.type == "passage")

@@ -12,6 +12,7 @@ import difflib
 import itertools
 import math
 import re
+import unicodedata
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Literal
@@ -44,9 +45,16 @@ _LEAD = re.compile(
 )
 
 
+def fold_accents(text: str) -> str:
+    """``text`` with its letters' accents dropped ("Yorùbá" -> "Yoruba"): people type titles both ways."""
+    if text.isascii():
+        return text
+    return "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
+
+
 def normalise(text: str) -> str:
-    """Lowercase, punctuation to spaces, single spaces."""
-    return _NON_ALNUM.sub(" ", text.lower()).strip()
+    """Lowercase, accents dropped, punctuation to spaces, single spaces."""
+    return _NON_ALNUM.sub(" ", fold_accents(text).lower()).strip()
 
 
 class PaperRef(BaseModel):
@@ -72,7 +80,9 @@ class PaperRef(BaseModel):
         else:
             tokens = normalise(self.matched).split()
             pattern = _QUOTES + r"[^0-9a-z]+".join(map(re.escape, tokens)) + _QUOTES
-        rest = re.sub(pattern, " ", question, count=1, flags=re.IGNORECASE)
+        rest, found = re.subn(pattern, " ", question, count=1, flags=re.IGNORECASE)
+        if not found:  # the question spells the title with accents the pattern does not hold
+            rest = re.sub(pattern, " ", fold_accents(question), count=1, flags=re.IGNORECASE)
         rest = _LEAD.sub("", rest)
         rest = re.sub(r"\s+", " ", rest).strip(" :;,-–—")
         return rest or question
