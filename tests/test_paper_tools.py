@@ -21,7 +21,9 @@ from typer.testing import CliRunner
 
 from arag.agent import prompts
 from arag.agent.paper_request import paper_request, tool_route
-from arag.agent.related import LibraryPaper, rank_related, supported_by_both
+from arag.agent.related import LibraryPaper, extractive_line, rank_related, supported_by_both
+from arag.agent.state import ContextPassage
+from arag.agent.summary import write_part
 from arag.agent.support import LexicalSupport
 from arag.agent.terms import cited_numbers, sentences
 from arag.api import Library
@@ -30,7 +32,7 @@ from arag.library.build import LibraryBuilder
 from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
 from arag.mcp_server import build_server
-from arag.records import Paper
+from arag.records import Chunk, Paper
 from arag.service import create_app
 from arag.settings import Settings, get_settings
 from service_util import SMALL, sse_events
@@ -115,6 +117,44 @@ def test_a_line_on_what_two_papers_share_needs_both_abstracts() -> None:
     assert not supported_by_both(line, paper, other, lexical)
     joined = LibraryPaper(id="ab", title="", abstract=f"{paper.abstract} {other.title}. {other.abstract}")
     assert supported_by_both(line, joined, joined, lexical)
+
+
+def test_a_related_line_names_each_shared_word_once() -> None:
+    # "concept" and "text" are two shared terms of one hyphenated word: shown once, not twice.
+    paper = LibraryPaper(id="a", title="Ontology verbalisation", abstract="Concept-to-text from ontologies.")
+    abstract = "We extract resources for concept-to-text generation from ontologies."
+    other = LibraryPaper(id="b", title="Extracting resources", abstract=abstract)
+    line = extractive_line(paper, other, ["concept", "text", "ontolog"])
+    assert line == (
+        "Also on concept-to-text, ontologies: The authors extract resources for concept-to-text generation "
+        "from ontologies."
+    )
+
+
+def test_a_summary_part_leaves_out_a_sentence_the_llm_did_not_finish() -> None:
+    # The 1.5B's method part of 1912.01214 ran out of tokens mid-sentence ("... applied in zero").
+    text = (
+        "We propose a universal encoder with cross-lingual pre-training. The parent model built on the "
+        "encoder is trained on annotated data and then directly applied in zero-shot translation."
+    )
+    chunk = Chunk(
+        id="p:0001:aaaaaaaa", paper_id="p", index=1, title="T", type="abstract", text=text,
+        embed_text=text, n_tokens=30,
+    )  # fmt: skip
+    passages = [ContextPassage(n=1, chunk=chunk, text=text, score=1.0, tokens=30)]
+    cut = (
+        "The paper proposes a universal encoder with cross-lingual pre-training. The parent model is "
+        "trained on annotated data and then directly applied in zero"
+    )
+    part, _ = write_part("method", passages, ScriptedLLM([cut]), LexicalSupport())
+    assert part.mode == "llm" and part.text == (
+        "The paper proposes a universal encoder with cross-lingual pre-training [1]."
+    )
+    # Nothing finished at all: the passages' own sentences, and the note says why.
+    part, _ = write_part(
+        "method", passages, ScriptedLLM(["The parent model is trained on"]), LexicalSupport()
+    )
+    assert part.mode == "extractive" and part.text and "stopped before its first sentence ended" in part.note
 
 
 # -- a hand-made library whose related order is known ----------------------------------------------

@@ -171,12 +171,13 @@ def rank_related(target: int, papers: Sequence[LibraryPaper], vectors: np.ndarra
 
 
 def _words(terms: list[str], *texts: str) -> list[str]:
-    """Stemmed terms as a text wrote them."""
+    """Stemmed terms as a text wrote them, each word once (two stems can come from one hyphenated
+    word: "concept" and "concept-to-text" both read "concept-to-text")."""
     words: dict[str, str] = {}
     for text in texts:
         for t, w in term_words(text).items():
             words.setdefault(t, w.lower())
-    return [words.get(t, t) for t in terms]
+    return list(dict.fromkeys(words.get(t, t) for t in terms))
 
 
 def extractive_line(paper: LibraryPaper, other: LibraryPaper, shared: list[str]) -> str:

@@ -38,6 +38,7 @@ from arag.agent.terms import (
     unfinished,
 )
 from arag.agent.verifier import verify_claims
+from arag.agent.wording import complete_sentences
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.errors import AragError, Cancelled
 from arag.llm.base import LLM
@@ -179,8 +180,10 @@ def _aspect_passages(
     return out
 
 
-def _llm_part(llm: LLM, aspect: Aspect, passages: list[ContextPassage]) -> str:
-    """The LLM's text for an aspect, its [k] markers (1..len(passages)) turned into the summary's."""
+def _llm_part(llm: LLM, aspect: Aspect, passages: list[ContextPassage]) -> str | None:
+    """The LLM's text for an aspect, its [k] markers (1..len(passages)) turned into the summary's;
+    None when the LLM finds the aspect not stated. A last sentence cut off where the reply ran out
+    of tokens ("... and then directly applied in zero") is left out."""
     local = [p.model_copy(update={"n": i}) for i, p in enumerate(passages, 1)]
     heading, description, _ = ASPECTS[aspect]
     user = prompts.SUMMARY_USER.format(
@@ -188,8 +191,9 @@ def _llm_part(llm: LLM, aspect: Aspect, passages: list[ContextPassage]) -> str:
     )
     reply = ask(llm, prompts.SUMMARY_SYSTEM, user, max_tokens=ANSWER_TOKENS).strip()
     if reply.lower().strip(" .") == prompts.SUMMARY_NOT_STATED:
-        return ""
+        return None
     text, _ = clean_citations(strip_placeholders(reply), range(1, len(local) + 1))
+    text = complete_sentences(" ".join(text.split()))
     to_global = {i: p.n for i, p in enumerate(passages, 1)}
 
     def renumber(sentence: str) -> str:
@@ -258,6 +262,7 @@ def write_part(
     note = ""
     dropped = 0
     if llm is not None:
+        text: str | None
         try:
             text = _llm_part(llm, aspect, passages)
         except Cancelled:
@@ -265,6 +270,11 @@ def write_part(
         except AragError as exc:
             log.warning("summary LLM failed on %s: %s", aspect, exc)
             text, note = "", f"the LLM failed ({exc.what}); sentences taken from the passages"
+        if text is None:
+            return SummaryPart(
+                aspect=aspect, heading=heading, text="", mode="none", sentences=0, dropped=0,
+                note="the LLM found it not stated in the passages",
+            ), {}  # fmt: skip
         if text:
             v = verify_claims(
                 Draft(short_answer="", explanation=text, mode="llm"),
@@ -285,10 +295,9 @@ def write_part(
                 "sentences taken from them"
             )
         elif not note:
-            return SummaryPart(
-                aspect=aspect, heading=heading, text="", mode="none", sentences=0, dropped=0,
-                note="the LLM found it not stated in the passages",
-            ), {}  # fmt: skip
+            note = (
+                "the LLM's reply stopped before its first sentence ended; sentences taken from the passages"
+            )
     draft = extractive_part(aspect, passages, used)
     if draft is None:
         return SummaryPart(
