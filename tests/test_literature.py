@@ -27,7 +27,7 @@ from arag.agent.literature import (
 )
 from arag.agent.planner import make_planner, plan_rules, protect, repair_ids, validate_llm_plan
 from arag.agent.reformulator import make_reformulator, reformulate_rules
-from arag.agent.state import ContextPassage, Draft, Grade, LibraryCount
+from arag.agent.state import ContextPassage, Draft, Grade
 from arag.agent.support import LexicalSupport
 from arag.agent.terms import (
     cited_numbers,
@@ -53,7 +53,7 @@ from arag.library.manage import load_resolver, open_for_search
 from arag.llm.base import ChatMessage
 from arag.llm.scripted import ScriptedLLM
 from arag.models.reranker import IdentityReranker
-from arag.records import Answer, Chunk, RankedPaper, ScoredChunk
+from arag.records import Answer, Chunk, LibraryCount, RankedPaper, ScoredChunk
 from arag.retrieval.hybrid import HybridRetriever
 from arag.retrieval.papers import PaperPool, aggregate_papers, rank_papers
 from arag.retrieval.pipeline import Retriever, make_reranking_retriever
@@ -631,6 +631,71 @@ def test_an_overview_sentence_cannot_ride_along_with_the_next_ones_citation() ->
     assert (v.claims, v.supported, v.dropped) == (2, 1, 1)
 
 
+def test_an_overview_says_each_sentence_once() -> None:
+    # The 1.5B's overview of reinforcement learning for dialogue generation, verbatim: one sentence
+    # written once per pair of papers. The first is kept; the same words again tell the reader nothing.
+    def passage(n: int, pid: str) -> ContextPassage:
+        text = f"We use reinforcement learning for dialogue generation with reward {n}."
+        chunk = _hit(pid, n).chunk.model_copy(update={"text": text, "embed_text": text})
+        return ContextPassage(n=n, chunk=chunk, text=text, score=1.0, tokens=len(text.split()))
+
+    passages = [passage(n, pid) for n, pid in [(2, "A"), (5, "B"), (9, "C"), (12, "D")]]
+    overview = markers_as_words(
+        "[2] and [5] papers use reinforcement learning for dialogue generation.\n"
+        "[9] and [12] papers use reinforcement learning for dialogue generation."
+    )
+    draft = Draft(short_answer="", explanation="", mode="llm", overview=overview)
+    v = verify_literature(draft, passages, LexicalSupport())
+    assert v.overview == "Two papers use reinforcement learning for dialogue generation [2] [5]."
+    assert (v.claims, v.supported, v.dropped) == (2, 1, 1)
+    # Other words are another claim, kept.
+    other = overview.replace("[9] [12] use reinforcement learning for", "[9] [12] use a reward for")
+    v = verify_literature(draft.model_copy(update={"overview": other}), passages, LexicalSupport())
+    assert (v.claims, v.supported, v.dropped) == (2, 2, 0)
+    # A claim that copies a point the answer shows below it (near enough: "we" read as "the authors",
+    # a comma gone) says it twice too.
+    point = "We use reinforcement learning for dialogue generation with reward 2."
+    copied = "The authors use reinforcement learning, for dialogue generation with reward 2 [2]."
+    draft = Draft(
+        short_answer="", explanation="", mode="llm", overview=copied, groups=[("Papers", [(2, point)])]
+    )
+    v = verify_literature(draft, passages, LexicalSupport())
+    assert v.overview == "" and [pts for _, pts in v.groups] == [[(2, point)]]
+
+
+def test_an_overview_claim_names_only_what_its_papers_write() -> None:
+    # Asked how ELMo and BERT embeddings differ, the 1.5B contrasted each ELMo paper with BERT, which
+    # those papers never mention; the lexical check passed the claims on their other words.
+    def passage(n: int, pid: str, title: str, text: str) -> ContextPassage:
+        chunk = _hit(pid, n).chunk.model_copy(update={"text": text, "embed_text": text, "title": title})
+        return ContextPassage(n=n, chunk=chunk, text=text, score=1.0, tokens=len(text.split()))
+
+    passages = [
+        passage(8, "A", "Subword ELMo", "We present subword-aware ELMo embeddings for rare words."),
+        passage(
+            12, "B", "Comparing BERT and ELMo", "BERT embeddings outperform ELMo embeddings on most tasks."
+        ),
+        passage(15, "C", "SIM: a simulator", "Our simulator decodes each turn with a recurrent generator."),
+    ]
+    overview = (
+        "ELMo embeddings are subword-aware, while BERT embeddings are not [8]. BERT embeddings outperform "
+        "ELMo embeddings on most tasks [12]. SIM decodes each turn with a recurrent generator [15]."
+    )
+    draft = Draft(short_answer="", explanation="", mode="llm", overview=overview)
+    scorer = LexicalSupport()
+    assert (
+        scorer.score("ELMo embeddings are subword-aware, while BERT embeddings are not", passages[0].text)
+        >= scorer.threshold
+    )
+    v = verify_literature(draft, passages, scorer)
+    # Kept: the names its paper writes, in its passage or (SIM) its title.
+    assert v.overview == (
+        "BERT embeddings outperform ELMo embeddings on most tasks [12]. "
+        "SIM decodes each turn with a recurrent generator [15]."
+    )
+    assert (v.claims, v.supported, v.dropped) == (3, 2, 1)
+
+
 def test_a_part_about_the_paper_the_first_part_asks_for() -> None:
     q1 = "Which paper learns an ontology jointly with a semantic parser"
     assert refers_to_its_paper(q1, "what data was it evaluated on (learns ontology jointly semantic)")
@@ -929,11 +994,14 @@ def test_a_count_question_gets_the_librarys_count(lib: Settings, retriever: Retr
     assert a.short_answer.startswith(head), a.short_answer
     # The number the answer draws on follows, as for any literature answer.
     assert re.match(rf"{re.escape(head)}\d+ papers", a.short_answer)
+    # API clients read the count as a field, not from the short answer's words.
+    assert a.library_count == LibraryCount(papers=expected, words=["sarcasm"])
     retrieved = next(e for e in a.events if e.node == "retriever")
     assert head.split(";")[0] in retrieved.decision
     # Any other open question's short answer is as before.
     b = agent.run("How do researchers automatically detect sarcasm and irony in tweets?")
     assert re.match(r"\d+ papers", b.short_answer)
+    assert b.library_count is None
 
 
 def test_arag_ask_prints_the_count_and_each_paper_once(
@@ -984,6 +1052,7 @@ def test_how_many_papers_with_no_topic_is_the_librarys_size(lib: Settings, retri
     n = len(SARCASM + OTHERS)
     assert (a.route, a.short_answer, a.abstained) == ("about", f"{n} papers", False)
     assert a.text.startswith(f"The library holds {n} papers")
+    assert a.library_count == LibraryCount(papers=n, words=[])
 
 
 def test_a_compound_question_counts_the_part_that_asks_how_many(lib: Settings, retriever: Retriever) -> None:
@@ -1000,6 +1069,7 @@ def test_a_count_question_the_library_cannot_answer_still_gives_its_count(
 ) -> None:
     a = build_agent(lib, retriever, None).run("How many papers are about sourdough bread?")
     assert a.abstained and a.short_answer == prompts.NOT_IN_LIBRARY
+    assert a.library_count == LibraryCount(papers=0, words=["sourdough", "bread"])
     assert a.text.startswith(
         '0 papers in the library have "sourdough" and "bread" in their title or abstract.\n\n'
     )

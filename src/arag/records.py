@@ -277,6 +277,16 @@ class Coverage(BaseModel):
     complete: bool = Field(description="no build was running: the whole library was searched")
 
 
+class LibraryCount(BaseModel):
+    """How many of the library's papers name a topic in their title or abstract (a "how many papers"
+    question, agent/count.py); ``words``: the topic's words counted, empty for the whole library."""
+
+    model_config = ConfigDict(frozen=True)
+
+    papers: int
+    words: list[str] = Field(default_factory=list)
+
+
 class Answer(BaseModel):
     """What the agent answers: a short answer above the explanation, its citations, and the trace."""
 
@@ -305,3 +315,6 @@ class Answer(BaseModel):
     # papers it cites, with their points and arXiv links.
     groups: list[ApproachGroup] = Field(default_factory=list)
     papers: list[PaperPoint] = Field(default_factory=list)
+    library_count: LibraryCount | None = Field(
+        default=None, description="asked how many papers: the library's count (the short answer says it)"
+    )

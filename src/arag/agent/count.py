@@ -16,9 +16,8 @@ import re
 from collections.abc import Callable, Sequence
 
 from arag.agent.literature import focus_terms
-from arag.agent.state import LibraryCount
 from arag.agent.terms import held_share, term_words
-from arag.records import ScoredChunk
+from arag.records import LibraryCount, ScoredChunk
 from arag.text import held_terms, tokenize
 
 # Papers, not "articles" ("how many articles are in the dataset?" asks about a news corpus).

@@ -17,7 +17,7 @@ from arag.agent.direct import arithmetic_expression, evaluate, fixed_reply, is_c
 from arag.agent.state import AgentState, Step
 from arag.agent.terms import entities, key_terms
 from arag.errors import AragError, ModelUnavailable
-from arag.records import Answer, Route
+from arag.records import Answer, LibraryCount, Route
 
 _ARXIV = re.compile(r"(?<![\d.])\d{4}\.\d{4,5}(?:v\d+)?(?!\d)")
 _QUOTED_TITLE = re.compile(r"[\"“‘'][^\"“”‘’]{8,300}[\"”’']")
@@ -175,7 +175,12 @@ def make_about(deps: AgentDeps):
                 '("How many papers are about sarcasm?") for the papers whose title and abstract name it.'
             )
             size = Answer(
-                question=question, short_answer=f"{n:,} papers", text=text, route="about", mode="about"
+                question=question,
+                short_answer=f"{n:,} papers",
+                text=text,
+                route="about",
+                mode="about",
+                library_count=LibraryCount(papers=n),
             )
             return Step({"answer": size}, f"the library's size: {n:,} papers", {"papers": n})
         sections = relevant_sections(question)

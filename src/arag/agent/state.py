@@ -13,7 +13,17 @@ from typing import Annotated, Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from arag.records import Answer, AnswerType, Chunk, NodeEvent, PaperHit, RankedPaper, Route, SearchFilter
+from arag.records import (
+    Answer,
+    AnswerType,
+    Chunk,
+    LibraryCount,
+    NodeEvent,
+    PaperHit,
+    RankedPaper,
+    Route,
+    SearchFilter,
+)
 from arag.retrieval.resolve import PaperRef
 
 Verdict = Literal["sufficient", "partial", "unrelated"]
@@ -118,15 +128,6 @@ class Draft(BaseModel):
     # as (label, [(passage number, sentence)]); the verifier checks both and writes the text.
     overview: str = ""
     groups: list[tuple[str, list[tuple[int, str]]]] = Field(default_factory=list)
-
-
-class LibraryCount(BaseModel):
-    """The library's papers on a question's topic (agent/count.py): their number, the words counted."""
-
-    model_config = ConfigDict(frozen=True)
-
-    papers: int
-    words: list[str]
 
 
 class AgentState(TypedDict, total=False):

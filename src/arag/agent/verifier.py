@@ -6,6 +6,7 @@ The verifier also assembles the final ``Answer``."""
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from arag.agent.synthesizer import with_marker
 from arag.agent.terms import (
     cited_numbers,
     coverage,
+    entities,
     holds,
     key_terms,
     reported,
@@ -157,6 +159,31 @@ def misattributed(claim: str, cited: set[str], others: set[str]) -> bool:
     return len(only) >= MISATTRIBUTED_TERMS and len(only) >= MISATTRIBUTED_SHARE * len(terms)
 
 
+def unnamed(claim: str, cited: set[str]) -> list[str]:
+    """The names an overview claim gives (acronyms, mixed-case and alphanumeric names: ``entities``)
+    that the papers it cites never write (``cited``: their passages' and titles' held terms): asked how
+    ELMo and BERT embeddings differ, the 1.5B wrote "ELMo embeddings are subword-aware, while BERT
+    embeddings are not [8]" of a paper on ELMo alone, which the lexical check passed on its other words."""
+    return [
+        name for name in entities(strip_citations(claim)) if any(not holds(cited, t) for t in key_terms(name))
+    ]
+
+
+# Two sentences whose words (in order) match this closely say the same thing ("In their first task,
+# the authors use ..." and "In their first task the authors use ...").
+REPEAT_RATIO = 0.9
+
+
+def said_words(sentence: str) -> list[str]:
+    """A sentence's words as a reader compares them: lowercase, in the third person, no [n] markers."""
+    return reported(strip_citations(sentence)).lower().rstrip(" .!?").split()
+
+
+def repeats(words: list[str], earlier: list[str]) -> bool:
+    """Whether a sentence (its :func:`said_words`) says again what an earlier one said."""
+    return words == earlier or difflib.SequenceMatcher(None, words, earlier).ratio() >= REPEAT_RATIO
+
+
 def verify_literature(
     draft: Draft, passages: list[ContextPassage], scorer: SupportScorer
 ) -> VerifiedLiterature:
@@ -184,19 +211,32 @@ def verify_literature(
         ]
         out.claims, out.supported, out.dropped = v.claims, v.supported, v.dropped
         texts: dict[str, list[str]] = {}
+        by_pid: dict[str, str] = {}
         for p in passages:
             texts.setdefault(p.chunk.paper_id, []).append(p.full_text)
+            by_pid[p.chunk.paper_id] = p.chunk.title
         # Each paper's terms once, not once per claim.
         held = {pid: held_terms(" ".join(t)) for pid, t in texts.items()}
+        # A claim may name a paper's model by its title, which the LLM read beside its point.
+        titled = {pid: held[pid] | held_terms(by_pid[pid]) for pid in held}
         attributed: list[str] = []
         named: set[str] = set()
+        # The 1.5B may write one sentence once per pair of papers ("Two papers use X [2] [5]. Two
+        # papers use X [9] [12].") or copy a point the answer shows below it: said again, a claim
+        # tells the reader nothing new.
+        seen = [said_words(s) for _, points in draft.groups for _, s in points]
         for c in said:
+            words = said_words(c)
+            if any(repeats(words, earlier) for earlier in seen):
+                out.supported, out.dropped = out.supported - 1, out.dropped + 1
+                continue
             papers = {by_n[n].chunk.paper_id for n in cited_numbers(c) if n in by_n}
             cited = set().union(*(held[pid] for pid in papers))
             others = set().union(*(h for pid, h in held.items() if pid not in papers))
-            if misattributed(c, cited, others):
+            if misattributed(c, cited, others) or unnamed(c, set().union(*(titled[pid] for pid in papers))):
                 out.supported, out.dropped = out.supported - 1, out.dropped + 1
                 continue
+            seen.append(words)
             # "The papers compare ... [2]", "They propose ... [5]": what one paper does, said of several.
             lead = "The same" if papers <= named else "Another" if attributed else "One"
             single = one_paper(c, lead) if len(papers) == 1 else None
@@ -354,6 +394,7 @@ def make_verifier(deps: AgentDeps):
             "closest": closest,
             "removed_citations": draft.removed_citations,
             "form": "literature" if state.get("literature") else "answer",
+            "library_count": state.get("library_count"),
         }
         missing = missing_note(grade) if grade.verdict != "sufficient" else []
         count = state.get("library_count")
