@@ -29,6 +29,7 @@ from arag.agent.summary import extractive_part
 from arag.agent.support import LexicalSupport, LLMJudgeSupport, SupportScorer
 from arag.agent.synthesizer import check_llm_draft, extractive_draft, parse_reply
 from arag.agent.terms import (
+    as_answered,
     cited_numbers,
     clean_citations,
     entities,
@@ -926,6 +927,29 @@ def test_verifier_builds_the_answer_with_valid_citations() -> None:
     assert a.text == "It is trained on Wikipedia pages [1].\n\nNot found in the library's passages: sarcasm."
     assert [(c.n, c.chunk_id, c.supported, c.support) for c in a.citations] == [(1, PARSER.id, True, 1.0)]
     assert a.missing == ["sarcasm"]
+
+
+def test_a_one_paper_answer_is_shown_as_said_of_the_paper() -> None:
+    # The 1.5B copies a paper's "we" and opens with "The passage states that" (32 and 27 of the 245
+    # validation answers): checked as written, shown in the third person and of the paper.
+    d = Draft(
+        short_answer="Wikipedia",
+        explanation="The passage states that we train our parser on Wikipedia pages [1].",
+        mode="llm",
+    )
+    state: AgentState = {
+        "question": "What is the parser trained on?",
+        "draft": d,
+        "context": PASSAGES,
+        "grade": OK,
+        "answer_type": "span",
+    }
+    a = make_verifier(_deps())(state).update["answer"]
+    assert not a.abstained and a.short_answer == "Wikipedia"
+    assert a.text == "The paper states that the authors train their parser on Wikipedia pages [1]."
+    assert as_answered("The passage [2] clearly states that the passage length is 200.") == (
+        "The paper [2] clearly states that the passage length is 200."
+    )
 
 
 # --- the named paper's abstract for questions about the paper as a whole ------------------------

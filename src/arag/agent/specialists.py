@@ -28,7 +28,7 @@ from arag.agent.answer_type import normalize_short_answer, strip_lead
 from arag.agent.deps import AgentDeps
 from arag.agent.state import AgentState, ContextPassage, Step
 from arag.agent.synthesizer import with_marker
-from arag.agent.terms import sentences
+from arag.agent.terms import as_answered, sentences
 from arag.models.reader import NO, SPAN, YES, Reading
 from arag.records import Answer, AnswerType, Citation
 
@@ -173,7 +173,7 @@ def make_specialists(deps: AgentDeps):
         new = answer.model_copy(
             update={
                 "short_answer": short,
-                "text": with_marker(claim, p.n),
+                "text": with_marker(as_answered(claim), p.n),
                 "citations": [citation],
                 "abstained": False,
                 "mode": "extractive",

@@ -341,6 +341,20 @@ _OUR = re.compile(r"\b[Oo]urs?\b")
 _STOP = re.compile(r"[.!?](?:\s|$)")
 
 
+# The 1.5B opens answers with "The passage states that ...": the reader sees papers and their
+# sources, never "the passage" the LLM was given.
+_PASSAGE_SAYS = re.compile(
+    r"\b([Tt])he passage(?= (?:\[\d+\] )?(?:clearly |explicitly |also )?(?:states|says|mentions|indicates|"
+    r"shows|suggests|describes|notes|explains|reports|provides|lists|discusses|does not|doesn't)\b)"
+)
+
+
+def as_answered(text: str) -> str:
+    """An answer's text as the reader is shown it: in the third person (:func:`reported`), and "the
+    passage" it read as "the paper" ("The passage states that ..." -> "The paper states that ...")."""
+    return _PASSAGE_SAYS.sub(r"\1he paper", reported(text))
+
+
 def reported(text: str) -> str:
     """A paper's sentence in the third person: "we" is "the authors", "our" is "their", and so on,
     with the capital kept at a sentence's start. The first "our" of a sentence with no "we" in it is

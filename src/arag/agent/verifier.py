@@ -18,6 +18,7 @@ from arag.agent.state import AgentState, ContextPassage, Draft, Grade, Step
 from arag.agent.support import SupportScorer
 from arag.agent.synthesizer import with_marker
 from arag.agent.terms import (
+    as_answered,
     cited_numbers,
     coverage,
     entities,
@@ -438,7 +439,8 @@ def make_verifier(deps: AgentDeps):
         counts: dict[str, float] = {"claims": v.claims, "supported": v.supported, "dropped": v.dropped}
         if not v.core_supported:
             return Step({"answer": abstention(dropped_claims=v.dropped)}, f"abstain: {v.reason}", counts)
-        text = v.explanation
+        # Checked as the LLM wrote it, shown as said of the paper ("we" is its authors, not arag).
+        text = as_answered(v.explanation)
         if missing:
             text += "\n\nNot found in the library's passages: " + ", ".join(missing) + "."
         citations = [
