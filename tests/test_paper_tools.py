@@ -23,7 +23,7 @@ from arag.agent import prompts
 from arag.agent.paper_request import paper_request, tool_route
 from arag.agent.related import LibraryPaper, extractive_line, rank_related, supported_by_both
 from arag.agent.state import ContextPassage
-from arag.agent.summary import write_part
+from arag.agent.summary import Aspect, aspect_ranking, named_for, write_part
 from arag.agent.support import LexicalSupport
 from arag.agent.terms import cited_numbers, sentences
 from arag.api import Library
@@ -150,11 +150,45 @@ def test_a_summary_part_leaves_out_a_sentence_the_llm_did_not_finish() -> None:
     assert part.mode == "llm" and part.text == (
         "The paper proposes a universal encoder with cross-lingual pre-training [1]."
     )
+    # A sentence that points at a table the reader cannot see says nothing either.
+    table = f"{cut.split('. ')[0]} [1]. The results are shown in Table [1]."
+    part, _ = write_part("method", passages, ScriptedLLM([table]), LexicalSupport())
+    assert part.text == "The paper proposes a universal encoder with cross-lingual pre-training [1]."
     # Nothing finished at all: the passages' own sentences, and the note says why.
     part, _ = write_part(
         "method", passages, ScriptedLLM(["The parent model is trained on"]), LexicalSupport()
     )
     assert part.mode == "extractive" and part.text and "stopped before its first sentence ended" in part.note
+
+
+def test_a_section_named_for_an_aspect_follows_the_abstract() -> None:
+    assert named_for("data", "Experiments ::: Setup ::: Datasets.") and named_for("data", "Data collection")
+    assert named_for("limits", "Discussion") and named_for("results", "Experiments ::: Main Results")
+    assert not named_for("data", "Experiments ::: Setup") and not named_for("method", None)
+    # Only the innermost heading counts.
+    assert not named_for("data", "Data ::: Model training")
+
+    def chunk(i: int, section: str) -> Chunk:
+        return Chunk(
+            id=f"p:{i:04d}:aaaaaaaa", paper_id="p", index=i, title="T", type="passage", section=section,
+            text=f"passage {i}", embed_text=f"passage {i}", n_tokens=2,
+        )  # fmt: skip
+
+    abstract = chunk(0, "Abstract")
+    names = ["Introduction", "Model", "Setup", "Data collection", *[f"Part {i}" for i in range(5, 10)]]
+    ranked = [chunk(i, name) for i, name in enumerate([*names, "Discussion", "Error analysis"], 1)]
+
+    def order(aspect: Aspect, abstract_: list[Chunk]) -> list[int]:
+        return [c.index for c in aspect_ranking(aspect, ranked, abstract_)]
+
+    # The abstract leads (the paper states its data there), then the data section, then the rest.
+    assert order("data", [abstract]) == [0, 4, 1, 2, 3, *range(5, 12)]
+    assert order("method", [abstract]) == [0, 2, 1, 3, *range(4, 12)]
+    # Limits: no abstract; "Discussion" is 10th, within the first ten; "Error analysis" is beyond.
+    assert order("limits", [abstract]) == [10, *range(1, 10), 11]
+    # No section named for it: the ranking as it was, after the abstract.
+    assert order("results", [abstract]) == [0, *range(1, 12)]
+    assert order("results", []) == list(range(1, 12))
 
 
 # -- a hand-made library whose related order is known ----------------------------------------------

@@ -34,6 +34,7 @@ from arag.agent.terms import (
     key_terms,
     reported,
     sentences,
+    strip_citations,
     strip_instructions,
     unfinished,
 )
@@ -111,6 +112,17 @@ CUES: dict[Aspect, re.Pattern[str]] = {
     ),
 }
 ABSTRACT_LEADS = frozenset({"problem", "method", "data", "results"})
+# A section named for the aspect ("Experiments ::: Setup ::: Datasets.", "Error Analysis"): its best
+# passage among the aspect's first SECTION_DEPTH follows the abstract. The abstract says "two public
+# datasets"; the section names them, and had ranked below passages that only share the query's words.
+SECTIONS: dict[Aspect, re.Pattern[str]] = {
+    "problem": re.compile(r"\b(?:introduction|motivation|problem|task)", re.I),
+    "method": re.compile(r"\b(?:method|approach|model|architecture|framework|system)", re.I),
+    "data": re.compile(r"\b(?:data|corpus|corpora|benchmark|annotation)", re.I),
+    "results": re.compile(r"\b(?:results?|evaluation|performance)", re.I),
+    "limits": re.compile(r"\b(?:limitation|error|discussion|future|failure)", re.I),
+}
+SECTION_DEPTH = 10
 ASPECT_TOKENS = 320
 ANSWER_TOKENS = 100
 FALLBACK_SENTENCES = 3
@@ -157,6 +169,26 @@ class PaperSummary(BaseModel):
     total_ms: float = 0.0
 
 
+def named_for(aspect: Aspect, section: str | None) -> bool:
+    """Whether a passage's section is named for the aspect: its innermost heading ("Datasets." of
+    "Experiments ::: Setup ::: Datasets.") matches the aspect's ``SECTIONS`` pattern."""
+    if not section:
+        return False
+    return SECTIONS[aspect].search(section.split(":::")[-1]) is not None
+
+
+def aspect_ranking(aspect: Aspect, ranked: list[Chunk], abstract: list[Chunk]) -> list[Chunk]:
+    """The aspect's passages in the order they are read: the paper's ``abstract`` (a one-item list,
+    or empty) first for the aspects it states, then the best passage among the first SECTION_DEPTH
+    whose section is named for the aspect, then the rest as ranked."""
+    named = next((c for c in ranked[:SECTION_DEPTH] if named_for(aspect, c.section)), None)
+    lead = ([*abstract] if aspect in ABSTRACT_LEADS else []) + ([named] if named is not None else [])
+    out: dict[str, Chunk] = {}
+    for c in [*lead, *ranked]:
+        out.setdefault(c.id, c)
+    return list(out.values())
+
+
 def _aspect_passages(
     aspect: Aspect, ranked: list[Chunk], numbers: dict[str, int], chunks: dict[int, Chunk]
 ) -> list[ContextPassage]:
@@ -183,7 +215,8 @@ def _aspect_passages(
 def _llm_part(llm: LLM, aspect: Aspect, passages: list[ContextPassage]) -> str | None:
     """The LLM's text for an aspect, its [k] markers (1..len(passages)) turned into the summary's;
     None when the LLM finds the aspect not stated. A last sentence cut off where the reply ran out
-    of tokens ("... and then directly applied in zero") is left out."""
+    of tokens ("... and then directly applied in zero") is left out, and so is one that points at a
+    table or figure."""
     local = [p.model_copy(update={"n": i}) for i, p in enumerate(passages, 1)]
     heading, description, _ = ASPECTS[aspect]
     user = prompts.SUMMARY_USER.format(
@@ -202,7 +235,10 @@ def _llm_part(llm: LLM, aspect: Aspect, passages: list[ContextPassage]) -> str |
             lambda m: " [" + ", ".join(str(to_global[n]) for n in cited_numbers(m.group(0))) + "]", sentence
         )
 
-    return " ".join(renumber(s) for s in sentences(" ".join(text.split())))
+    # A sentence that points at what the reader cannot see ("The results are shown in Table [5].",
+    # the table's stand-in gone) or stops where its list begins says nothing.
+    said = [x for x in sentences(" ".join(text.split())) if not unfinished(strip_citations(x))]
+    return " ".join(renumber(x) for x in said)
 
 
 def extractive_part(
@@ -349,9 +385,7 @@ def iter_summary(
     ]
     for aspect, (_, description, _) in ASPECTS.items():
         check("retriever")
-        ranked = [h.chunk for h in search.search(description, flt).ranked]
-        if aspect in ABSTRACT_LEADS and head:
-            ranked = [head[0], *(c for c in ranked if c.id != head[0].id)]
+        ranked = aspect_ranking(aspect, [h.chunk for h in search.search(description, flt).ranked], head[:1])
         per_aspect[aspect] = _aspect_passages(aspect, ranked, numbers, chunks)
     yield event(
         "retriever", t0, f"{len(numbers)} passages of {paper_id} for 5 aspects",
