@@ -112,9 +112,10 @@ CUES: dict[Aspect, re.Pattern[str]] = {
     ),
 }
 ABSTRACT_LEADS = frozenset({"problem", "method", "data", "results"})
-# A section named for the aspect ("Experiments ::: Setup ::: Datasets.", "Error Analysis"): its best
-# passage among the aspect's first SECTION_DEPTH follows the abstract. The abstract says "two public
-# datasets"; the section names them, and had ranked below passages that only share the query's words.
+# A section named for the aspect ("Data collection", "Discussion"): its best passage among the
+# aspect's first SECTION_DEPTH is read right after the abstract. 1804.00982's data part had cited its
+# model section ("a dataset of news articles"), its "Data collection" passage ranked below the
+# passages read; 1601.00901's limits now come from its Discussion.
 SECTIONS: dict[Aspect, re.Pattern[str]] = {
     "problem": re.compile(r"\b(?:introduction|motivation|problem|task)", re.I),
     "method": re.compile(r"\b(?:method|approach|model|architecture|framework|system)", re.I),
