@@ -105,8 +105,6 @@ def title_as_text(title: str) -> str:
     """A paper title as a reader sees it: LaTeX read as text (:func:`latex_as_text`), a one-letter
     Greek formula as its letter and a degree command as "°" ("$\\rho$-hot" -> "ρ-hot", "360{\\deg}"
     -> "360°"), spaces single."""
-    if "\\" not in title:
-        return " ".join(title.split())
     t = _DEGREE.sub("°", _GREEK_FORMULA.sub(_greek, title))
     return " ".join(latex_as_text(t).split())
 
@@ -133,12 +131,17 @@ _TOKEN = re.compile(r"[^\W_]*\d(?:\.\d+)+|[^\W_]+")
 _STEMMER = Stemmer.Stemmer("english")
 
 
-def _fold(text: str) -> str:
-    """Lowercase and strip accents (NFKD, combining marks dropped)."""
+def fold_accents(text: str) -> str:
+    """``text`` with its letters' accents dropped (NFKD, combining marks dropped: "Yorùbá" -> "Yoruba")."""
     if text.isascii():  # the common case, and ~20x cheaper
-        return text.lower()
+        return text
     decomposed = unicodedata.normalize("NFKD", text)
-    return "".join(ch for ch in decomposed if not unicodedata.combining(ch)).lower()
+    return "".join(ch for ch in decomposed if not unicodedata.combining(ch))
+
+
+def _fold(text: str) -> str:
+    """Lowercase and strip accents."""
+    return fold_accents(text).lower()
 
 
 def tokenize(text: str) -> list[str]:

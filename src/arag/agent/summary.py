@@ -238,7 +238,7 @@ def _llm_part(llm: LLM, aspect: Aspect, passages: list[ContextPassage]) -> str |
 
     # A sentence that points at what the reader cannot see ("The results are shown in Table [5].",
     # the table's stand-in gone) or stops where its list begins says nothing.
-    said = [x for x in sentences(" ".join(text.split())) if not unfinished(strip_citations(x))]
+    said = [x for x in sentences(text) if not unfinished(strip_citations(x))]
     return " ".join(renumber(x) for x in said)
 
 

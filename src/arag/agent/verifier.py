@@ -182,7 +182,7 @@ def said_words(sentence: str) -> list[str]:
 
 def repeats(words: list[str], earlier: list[str]) -> bool:
     """Whether a sentence (its :func:`said_words`) says again what an earlier one said."""
-    return words == earlier or difflib.SequenceMatcher(None, words, earlier).ratio() >= REPEAT_RATIO
+    return difflib.SequenceMatcher(None, words, earlier).ratio() >= REPEAT_RATIO
 
 
 def verify_literature(
@@ -385,6 +385,7 @@ def make_verifier(deps: AgentDeps):
             )
             for e in state.get("evidence", [])
         ]
+        count = state.get("library_count")
         base: dict[str, Any] = {
             "question": question,
             "route": "research",
@@ -395,10 +396,9 @@ def make_verifier(deps: AgentDeps):
             "closest": closest,
             "removed_citations": draft.removed_citations,
             "form": "literature" if state.get("literature") else "answer",
-            "library_count": state.get("library_count"),
+            "library_count": count,
         }
         missing = missing_note(grade) if grade.verdict != "sufficient" else []
-        count = state.get("library_count")
         declined = abstain_text(closest)
         if count is not None:
             # Asked how many papers: the count stands even when no paper's passages answer.

@@ -12,12 +12,13 @@ import difflib
 import itertools
 import math
 import re
-import unicodedata
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel
+
+from arag.text import fold_accents
 
 Method = Literal["arxiv-id", "quoted-title", "title", "title-part"]
 
@@ -45,15 +46,8 @@ _LEAD = re.compile(
 )
 
 
-def fold_accents(text: str) -> str:
-    """``text`` with its letters' accents dropped ("Yorùbá" -> "Yoruba"): people type titles both ways."""
-    if text.isascii():
-        return text
-    return "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
-
-
 def normalise(text: str) -> str:
-    """Lowercase, accents dropped, punctuation to spaces, single spaces."""
+    """Lowercase, accents dropped (people type titles both ways), punctuation to spaces, single spaces."""
     return _NON_ALNUM.sub(" ", fold_accents(text).lower()).strip()
 
 
