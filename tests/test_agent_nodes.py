@@ -458,8 +458,12 @@ def test_latex_markup_outside_formulas_is_shown_as_text(text: str, shown: str) -
         (r"360{\deg} Stance Detection", "360° Stance Detection"),
         (r"A 90$^\circ$ turn and $\Delta$ scores", "A 90° turn and Δ scores"),
         (r"Generaci\'on autom\'atica en espa\~nol", "Generación automática en español"),
-        # Any other formula stays as written; a title without markup loses only its extra spaces.
-        (r"Bounds for $k$-means and $x^2$", r"Bounds for $k$-means and $x^2$"),
+        # Unicode spells lambda "LAMDA": the lookup by the command's name had raised a KeyError.
+        (r"The Influence of $\lambda $ on $\textsc {0shot-tc}$", "The Influence of λ on 0shot-tc"),
+        (r"English$\leftrightarrow $German and $\Rightarrow$", "English↔German and ⇒"),
+        # A formula of one name reads as the name; any other stays as written; a title without
+        # markup loses only its extra spaces.
+        (r"Bounds for $k$-means and $x^2$ and $\alpha >1$", r"Bounds for k-means and $x^2$ and $\alpha >1$"),
         ("Attention  Is All\nYou Need", "Attention Is All You Need"),
     ],
 )

@@ -8,6 +8,7 @@ import pytest
 
 from arag.corpus.qasper import abstract_text, iter_qasper, load_qasper, paper_from_record, year_month
 from arag.errors import CorpusError
+from arag.text import section_as_text
 
 
 @pytest.mark.parametrize(
@@ -43,6 +44,49 @@ def test_an_abstracts_paragraphs_and_a_titles_latex_are_read_as_text() -> None:
     }
     paper = paper_from_record(rec)
     assert (paper.title, paper.abstract) == ("Improving Yorùbá Diacritic Restoration", "First. Second.")
+
+
+@pytest.mark.parametrize(
+    ("heading", "shown"),
+    [
+        # S2ORC's marks around a formula or a stand-in; a formula of one symbol or name as that.
+        (
+            "Submitted Systems ::: English@!START@$\\leftrightarrow $@!END@German ::: Dataset",
+            "Submitted Systems ::: English↔German ::: Dataset",
+        ),
+        ("Experiments ::: Baselines ::: HSSC @!START@BIBREF6@!END@.", "Experiments ::: Baselines ::: HSSC."),
+        ("Words ::: @!START@$k$@!END@-mers (@!START@$n$@!END@-grams)", "Words ::: k-mers (n-grams)"),
+        ("Datasets ::: @!START@$VQG_{COCO}$@!END@", "Datasets ::: $VQG_{COCO}$"),
+        # A formula given twice, rendered and as TeX; TeX that is not the symbol before it stays.
+        ("German→\\rightarrow English", "German→English"),
+        ("The Influence of λ\\lambda ", "The Influence of λ"),
+        ("Results on Chinese⇒\\Rightarrow English Task", "Results on Chinese⇒English Task"),
+        ("Bound x\\rightarrow y", "Bound x\\rightarrow y"),
+        # A footnote glued on; empty parts of the path.
+        ("ExperimentsThe code for this paper is available at https://github.com/x/y", "Experiments"),
+        ("A Live System Demonstrationhttp://dmkdt3.cs.vt.edu/leafNATS", "A Live System Demonstration"),
+        ("Model details :::  ::: Hyperparameters.", "Model details ::: Hyperparameters."),
+        ("Introduction ::: ", "Introduction"),
+        (":::  ::: ", ""),
+        # A heading without any of it only loses its extra spaces.
+        ("Related Work ::: Pre-trained  Language Model", "Related Work ::: Pre-trained Language Model"),
+        ("The Evaluation: Hits@k and IDAT@FIRE2019", "The Evaluation: Hits@k and IDAT@FIRE2019"),
+    ],
+)
+def test_a_section_heading_is_read_as_text(heading: str, shown: str) -> None:
+    assert section_as_text(heading) == shown
+
+
+def test_the_corpus_section_headings_hold_no_marks(qasper_path: Path) -> None:
+    papers = [p for p in iter_qasper(qasper_path) if not isinstance(p, CorpusError)]
+    names = {(p.id, s.name) for p in papers for s in p.sections}
+    assert not [n for n in names if "@!" in n[1] or not all(part.strip() for part in n[1].split(":::"))]
+    assert ("1911.06191", "Submitted Systems ::: Chinese→English ::: Dataset") in names
+    assert ("1909.00015", "Adaptively Sparse Transformers with α-entmax ::: Different α per head.") in names
+    assert ("1606.02891", "English↔German") in names and ("1503.00841", "The Influence of λ") in names
+    # The glued footnotes: a URL and a note on when the section was written.
+    assert ("1807.05154", "Experiments") in names and ("1610.00479", "Related work") in names
+    assert not [n for n in names if "http" in n[1] or "written in September" in n[1]]
 
 
 def test_the_corpus_titles_and_abstracts_hold_no_markup(qasper_path: Path) -> None:

@@ -86,27 +86,83 @@ def latex_as_text(text: str) -> str:
     return "".join(out)
 
 
-# A formula that is one Greek letter ("$\\rho$-hot") and a degree sign ("360{\\deg}"): what a
-# title's LaTeX most often holds beyond accents and fonts; a title is read, never typeset.
+# What a title's or heading's LaTeX most often holds beyond accents and fonts: a formula that is one
+# symbol ("$\\rho$-hot", "English$\\leftrightarrow $German") or one name ("$k$-mers",
+# "$\\textsc {0shot-tc}$"), and a degree sign ("360{\\deg}"). A title or a heading is read, never typeset.
 _GREEK = (
     "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi pi rho sigma tau "
     "upsilon phi chi psi omega"
 ).split()
-_GREEK_FORMULA = re.compile(r"\$\\(" + "|".join(_GREEK) + r")\$", re.IGNORECASE)
+_SYMBOLS = {
+    "rightarrow": "\u2192",
+    "leftarrow": "\u2190",
+    "leftrightarrow": "\u2194",
+    "Rightarrow": "\u21d2",
+    "Leftrightarrow": "\u21d4",
+    "otimes": "\u2297",
+    "times": "\u00d7",
+    "infty": "\u221e",
+}
+_SYMBOL = re.compile(r"\\([A-Za-z]+)\s*")
+_NAME_FONT = re.compile(r"\\(?:textsc|textit|textbf|textrm|mathbf|mathrm|mathit|rm|bf|it)(?![A-Za-z])\s*")
+_FORMULA = re.compile(r"\$([^$]*)\$")
 _DEGREE = re.compile(r"\{?\\(?:degree|deg)(?![A-Za-z])\}?|\$\^\{?\\circ\}?\$")
 
 
-def _greek(m: re.Match[str]) -> str:
-    case = "CAPITAL" if m[1][0].isupper() else "SMALL"
-    return unicodedata.lookup(f"GREEK {case} LETTER {m[1].upper()}")
+def _symbol(command: str) -> str | None:
+    if command.lower() in _GREEK:
+        case = "CAPITAL" if command[0].isupper() else "SMALL"
+        # Unicode spells the letter "LAMDA" (a lookup of "LAMBDA" raises).
+        return unicodedata.lookup(f"GREEK {case} LETTER {command.upper().replace('LAMBDA', 'LAMDA')}")
+    return _SYMBOLS.get(command)
+
+
+def _formula(m: re.Match[str]) -> str:
+    # Font commands and braces around one name or one symbol go; anything more stays as written.
+    inner = _NAME_FONT.sub("", m[1]).replace("{", "").replace("}", "").strip()
+    if re.fullmatch(r"[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*", inner):
+        return inner
+    symbol = _SYMBOL.fullmatch(inner)
+    shown = _symbol(symbol[1]) if symbol else None
+    return shown if shown is not None else m[0]
 
 
 def title_as_text(title: str) -> str:
-    """A paper title as a reader sees it: LaTeX read as text (:func:`latex_as_text`), a one-letter
-    Greek formula as its letter and a degree command as "°" ("$\\rho$-hot" -> "ρ-hot", "360{\\deg}"
-    -> "360°"), spaces single."""
-    t = _DEGREE.sub("°", _GREEK_FORMULA.sub(_greek, title))
+    """A paper title as a reader sees it: LaTeX read as text (:func:`latex_as_text`), a formula of
+    one symbol or one name as that ("$\\rho$-hot" -> "ρ-hot", "$k$-means" -> "k-means"), a degree
+    command as "°" ("360{\\deg}" -> "360°"), spaces single."""
+    t = _FORMULA.sub(_formula, _DEGREE.sub("°", title))
     return " ".join(latex_as_text(t).split())
+
+
+# S2ORC wraps a heading's formulas and stand-ins in @!START@ ... @!END@ (96 headings of 31 QASPER papers).
+_HEADING_MARK = re.compile(r"@!(?:START|END)@")
+# Older arXiv HTML gave a heading's formula twice, as rendered and then as TeX: "German→\\rightarrow
+# English", "The Influence of λ\\lambda". The TeX goes where it names the symbol just before it (with
+# the space that ended the command).
+_RENDERED_TEX = re.compile(r"(\S)\\([A-Za-z]+)(?![A-Za-z]) ?")
+# A footnote glued to its heading: "ExperimentsThe code for this paper is available at https://...",
+# "LeafNATS Toolkithttps://github.com/...".
+_GLUED_NOTE = re.compile(r"(?<=[a-z])(?:(?:The|This) (?:\S+ ){4,}.*|https?://\S*)$")
+
+
+def _rendered(m: re.Match[str]) -> str:
+    return m[1] if _symbol(m[2]) == m[1] else m[0]
+
+
+def section_as_text(name: str) -> str:
+    """A QASPER section heading as a reader sees it: S2ORC's @!START@/@!END@ marks gone, a formula
+    given twice (rendered, then as TeX) given once, a glued footnote cut off, stand-ins removed and
+    the rest read as a title is (:func:`title_as_text`), each part of a " ::: " path alone:
+    "English@!START@$\\leftrightarrow $@!END@German" -> "English↔German"."""
+    parts = []
+    # " ::: " joins a subsection's heading to its parents' (kept: the summary reads the last one); a
+    # part left empty (":::  ::: Hyperparameters.", 19 headings) goes.
+    for part in _HEADING_MARK.sub("", name).split(":::"):
+        t = title_as_text(strip_placeholders(_GLUED_NOTE.sub("", _RENDERED_TEX.sub(_rendered, part))))
+        if t:
+            parts.append(t)
+    return " ::: ".join(parts)
 
 
 def has_placeholder(text: str) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from arag.errors import CorpusError
 from arag.records import Paper, Section
-from arag.text import title_as_text
+from arag.text import section_as_text, title_as_text
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,9 @@ def paper_from_record(rec: dict) -> Paper:
         title = title_as_text(str(rec.get("title") or "").strip())
         sections = [
             Section(
-                name=str(s.get("section") or "").strip() or "Body",
+                # 154 headings of 62 papers held S2ORC's marks, a formula given twice, a glued footnote or an
+                # empty part; a heading is shown, embedded and read by the LLM.
+                name=section_as_text(str(s.get("section") or "")) or "Body",
                 paragraphs=[p.strip() for p in (s.get("paragraphs") or []) if p and p.strip()],
             )
             for s in rec.get("sections") or []
