@@ -103,7 +103,8 @@ _SYMBOLS = {
     "times": "\u00d7",
     "infty": "\u221e",
 }
-_SYMBOL = re.compile(r"\\([A-Za-z]+)\s*")
+_SYMBOL = re.compile(r"\\([A-Za-z]+)")
+_NAME = re.compile(r"[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*")
 _NAME_FONT = re.compile(r"\\(?:textsc|textit|textbf|textrm|mathbf|mathrm|mathit|rm|bf|it)(?![A-Za-z])\s*")
 _FORMULA = re.compile(r"\$([^$]*)\$")
 _DEGREE = re.compile(r"\{?\\(?:degree|deg)(?![A-Za-z])\}?|\$\^\{?\\circ\}?\$")
@@ -120,7 +121,7 @@ def _symbol(command: str) -> str | None:
 def _formula(m: re.Match[str]) -> str:
     # Font commands and braces around one name or one symbol go; anything more stays as written.
     inner = _NAME_FONT.sub("", m[1]).replace("{", "").replace("}", "").strip()
-    if re.fullmatch(r"[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*", inner):
+    if _NAME.fullmatch(inner):
         return inner
     symbol = _SYMBOL.fullmatch(inner)
     shown = _symbol(symbol[1]) if symbol else None
