@@ -8,7 +8,7 @@ import pytest
 
 from arag.corpus.qasper import abstract_text, iter_qasper, load_qasper, paper_from_record, year_month
 from arag.errors import CorpusError
-from arag.text import section_as_text
+from arag.text import section_as_text, section_path
 
 
 @pytest.mark.parametrize(
@@ -75,6 +75,22 @@ def test_an_abstracts_paragraphs_and_a_titles_latex_are_read_as_text() -> None:
 )
 def test_a_section_heading_is_read_as_text(heading: str, shown: str) -> None:
     assert section_as_text(heading) == shown
+
+
+@pytest.mark.parametrize(
+    ("stored", "shown"),
+    [
+        (
+            "Submitted Systems ::: Chinese→English ::: Dataset",
+            "Submitted Systems › Chinese→English › Dataset",
+        ),
+        ("Experiments :::  ::: Results", "Experiments › Results"),
+        ("Results", "Results"),
+        ("Ratio 3:1 ::: A", "Ratio 3:1 › A"),
+    ],
+)
+def test_a_heading_path_is_shown_with_arrows(stored: str, shown: str) -> None:
+    assert section_path(stored) == shown
 
 
 def test_the_corpus_section_headings_hold_no_marks(qasper_path: Path) -> None:

@@ -32,7 +32,7 @@ from arag.retrieval.pipeline import SearchResult
 from arag.service.schemas import MAX_PAPERS, PaperDetail
 from arag.settings import QUESTION_CHARS_CEILING as MAX_QUESTION_CHARS
 from arag.settings import Settings, get_settings
-from arag.text import strip_placeholders
+from arag.text import section_path, strip_placeholders
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -260,7 +260,7 @@ def _page(rows: list[PaperRow], query: str | None, offset: int, limit: int) -> P
 
 
 def _where(title: str, section: str | None, url: str | None) -> str:
-    return f"{title}" + (f" — {section}" if section else "") + (f" ({url})" if url else "")
+    return f"{title}" + (f" — {section_path(section)}" if section else "") + (f" ({url})" if url else "")
 
 
 def _search_text(out: SearchOut) -> str:

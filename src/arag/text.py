@@ -40,10 +40,15 @@ STOPWORDS: frozenset[str] = frozenset(_STOPWORDS_TEXT.split())
 
 # S2ORC/QASPER stand-ins for citations, tables, figures, sections, equations and formulas; the one
 # spelling of them (strip_placeholders removes them from what the LLM reads and the reader sees).
-PLACEHOLDER_PATTERN = r"(?:BIBREF|TABREF|FIGREF|SECREF|EQREF|INLINEFORM|DISPLAYFORM)\d+"
-_PLACEHOLDER = re.compile(PLACEHOLDER_PATTERN, re.IGNORECASE)
-# A stand-in with the space before it, as removed from text that is read.
-_PLACEHOLDER_SPACE = re.compile(rf"\s*\b{PLACEHOLDER_PATTERN}\b", re.IGNORECASE)
+# UID42 stands for a numbered subsection, example, step or figure panel ("see Section UID10",
+# "Figure 2 . UID8": 347 in 98 papers); only in capitals, as S2ORC writes it.
+PLACEHOLDER_PATTERN = r"(?:BIBREF|TABREF|FIGREF|SECREF|EQREF|INLINEFORM|DISPLAYFORM|(?-i:\bUID))\d+"
+# The stand-ins the tokenizer drops: all but UID42, too rare to weigh on a passage's length, whose
+# removal would change every built index's terms and so the reranker's training negatives.
+_PLACEHOLDER = re.compile(r"(?:BIBREF|TABREF|FIGREF|SECREF|EQREF|INLINEFORM|DISPLAYFORM)\d+", re.IGNORECASE)
+# A stand-in with the space before it, as removed from text that is read; LaTeX's non-breaking
+# space before it goes too ("Table~ TABREF3" reads "Table").
+_PLACEHOLDER_SPACE = re.compile(rf"~?\s*\b{PLACEHOLDER_PATTERN}\b", re.IGNORECASE)
 _EMPTY_PARENS = re.compile(r"\s*\(\s*(?:[,;]\s*)*\)")
 _SPACE_BEFORE = re.compile(r"\s+([.,;:)])")
 _PUNCT_RUN = re.compile(r"([,;:])(?:\s*[,;:])+")
@@ -164,6 +169,12 @@ def section_as_text(name: str) -> str:
         if t:
             parts.append(t)
     return " ::: ".join(parts)
+
+
+def section_path(section: str) -> str:
+    """A stored heading path as a reader sees it: "Experiments ::: Datasets" -> "Experiments › Datasets"
+    (S2ORC's separator stays in what is stored, which the reranker reads and the API returns)."""
+    return " \u203a ".join(p.strip() for p in section.split(":::") if p.strip())
 
 
 def has_placeholder(text: str) -> bool:

@@ -15,6 +15,7 @@ from arag.cli.common import console, err_console, handle_errors, load_settings
 from arag.corpus.arxiv_ids import arxiv_url
 from arag.errors import InputError
 from arag.settings import Settings
+from arag.text import section_path
 
 if TYPE_CHECKING:
     from arag.api import Library
@@ -149,7 +150,7 @@ def print_answer(a: Answer) -> None:
         for c in sorted(a.citations, key=lambda c: c.n):
             parts = [escape(c.title)]
             if c.section:
-                parts.append(escape(c.section))
+                parts.append(escape(section_path(c.section)))
             link = arxiv_url(c.paper_id)
             parts.append(link or c.paper_id)
             if (c.n, c.chunk_id) in scores:

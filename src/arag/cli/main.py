@@ -304,7 +304,7 @@ def search_cmd(
     from arag.library.manage import open_retrieval
     from arag.models.reranker import IdentityReranker
     from arag.records import SearchFilter
-    from arag.text import strip_placeholders
+    from arag.text import section_path, strip_placeholders
 
     if limit < 1:
         raise InputError(f"-k must be at least 1, got {limit}", where="-k", fix="ask for 1 or more passages")
@@ -360,7 +360,7 @@ def search_cmd(
     kept = {c.chunk.id for c in result.kept}
     for i, h in enumerate(hits, 1):
         c = h.chunk
-        where = f"{c.section} ({c.type})" if c.section else c.type
+        where = f"{section_path(c.section)} ({c.type})" if c.section else c.type
         score = f"rerank {h.rerank_score:.3f}" if h.rerank_score is not None else f"rrf {h.fused_score:.4f}"
         marks = (" · [green]kept[/]" if c.id in kept else "") + (" · floored" if h.floored else "")
         line = (

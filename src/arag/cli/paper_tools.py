@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from arag.cli.ask import LlmOpt, ModelOpt, check_papers, llm_overrides, open_library, print_stage
 from arag.cli.common import console, handle_errors, load_settings
+from arag.text import section_path
 
 if TYPE_CHECKING:
     from arag.agent.related import RelatedPapers
@@ -41,7 +42,7 @@ def print_summary(s: PaperSummary) -> None:
     if s.sources:
         console.print("\n[bold]Sources[/]")
         for src in s.sources:
-            where = escape(src.section) if src.section else "abstract"
+            where = escape(section_path(src.section)) if src.section else "abstract"
             excerpt = src.text if len(src.text) <= 240 else src.text[:240] + " …"
             console.print(
                 f"  [bold][{src.n}][/] {where} · support {src.support:.2f}\n      {escape(excerpt)}",

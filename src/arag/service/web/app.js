@@ -77,6 +77,12 @@ function truncate(text, n) {
   return text.length <= n ? text : `${text.slice(0, n - 1).trimEnd()}…`;
 }
 
+// A stored heading path as a reader sees it: "Experiments ::: Datasets" -> "Experiments › Datasets"
+// (text.section_path).
+function sectionPath(section) {
+  return section.split(":::").map((p) => p.trim()).filter(Boolean).join(" \u203a ");
+}
+
 function arxivUrl(paperId) {
   return paperId && ARXIV_ID.test(paperId) ? `https://arxiv.org/abs/${paperId}` : null;
 }
@@ -645,7 +651,7 @@ function renderSources(a, ctx) {
         el("span", { class: "badge", text: `[${c.n}]` }),
         el("h3", { class: "source-title", id: `source-${c.n}-title`, text: c.title })),
       el("p", { class: "source-meta" },
-        [c.section ? el("span", { text: c.section }) : null,
+        [c.section ? el("span", { text: sectionPath(c.section) }) : null,
           arxivLink(c.paper_id) ?? el("span", { text: c.paper_id }),
           el("span", { text: `score ${fmtScore(c.score)}` }),
           c.pass_index ? el("span", { text: "found on the retry" }) : null,
@@ -845,7 +851,7 @@ function stageRanks(hit) {
 // Section, and the chunk type when it says more than the section ("table"; not "abstract" twice).
 function hitPlace(h) {
   const type = h.type !== "passage" && h.type !== (h.section || "").toLowerCase() ? h.type : null;
-  return [h.section, type].filter(Boolean).join(" · ");
+  return [h.section && sectionPath(h.section), type].filter(Boolean).join(" · ");
 }
 
 function renderSearch(r) {
@@ -1130,4 +1136,4 @@ function init() {
 
 init();
 
-export { $, api, arxivLink, askAbout, el, paperActions, selectTab, setScope, showError, tabLoaders };
+export { $, api, arxivLink, askAbout, el, paperActions, sectionPath, selectTab, setScope, showError, tabLoaders };

@@ -1,7 +1,7 @@
 // Research tools around one paper, on its view (Papers tab and the map): a cited summary and the
 // related papers. Server text is only ever set as textContent.
 
-import { api, arxivLink, el, showError } from "./app.js";
+import { api, arxivLink, el, sectionPath, showError } from "./app.js";
 
 function citedText(text) {
   // "... [3]." -> the markers as quiet badges, the rest as text.
@@ -30,7 +30,7 @@ export function renderSummary(s) {
   const sources = s.sources.map((src) =>
     el("li", { "data-n": String(src.n) },
       el("details", {},
-        el("summary", {}, `[${src.n}] ${src.section || "Abstract"} · support ${src.support.toFixed(2)}`),
+        el("summary", {}, `[${src.n}] ${src.section ? sectionPath(src.section) : "Abstract"} · support ${src.support.toFixed(2)}`),
         el("p", { class: "passage", text: src.text }))));
   return el("section", { class: "paper-tool summary", "data-testid": "summary" },
     el("h3", { text: "Summary" }),
