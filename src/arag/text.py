@@ -42,10 +42,11 @@ STOPWORDS: frozenset[str] = frozenset(_STOPWORDS_TEXT.split())
 # spelling of them (strip_placeholders removes them from what the LLM reads and the reader sees).
 # UID42 stands for a numbered subsection, example, step or figure panel ("see Section UID10",
 # "Figure 2 . UID8": 347 in 98 papers); only in capitals, as S2ORC writes it.
-PLACEHOLDER_PATTERN = r"(?:BIBREF|TABREF|FIGREF|SECREF|EQREF|INLINEFORM|DISPLAYFORM|(?-i:\bUID))\d+"
+_UNINDEXED_STAND_INS = "BIBREF|TABREF|FIGREF|SECREF|EQREF|INLINEFORM|DISPLAYFORM"
+PLACEHOLDER_PATTERN = rf"(?:{_UNINDEXED_STAND_INS}|(?-i:\bUID))\d+"
 # The stand-ins the tokenizer drops: all but UID42, too rare to weigh on a passage's length, whose
 # removal would change every built index's terms and so the reranker's training negatives.
-_PLACEHOLDER = re.compile(r"(?:BIBREF|TABREF|FIGREF|SECREF|EQREF|INLINEFORM|DISPLAYFORM)\d+", re.IGNORECASE)
+_PLACEHOLDER = re.compile(rf"(?:{_UNINDEXED_STAND_INS})\d+", re.IGNORECASE)
 # A stand-in with the space before it, as removed from text that is read; LaTeX's non-breaking
 # space before it goes too ("Table~ TABREF3" reads "Table").
 _PLACEHOLDER_SPACE = re.compile(rf"~?\s*\b{PLACEHOLDER_PATTERN}\b", re.IGNORECASE)
