@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from typer.testing import CliRunner
 
@@ -18,10 +19,19 @@ from arag.cli.main import app
 from arag.corpus.qasper_questions import HELD_OUT_NAME, held_out_paper, load_questions
 from arag.errors import ModelError
 from arag.library.manage import list_papers
-from arag.models.onnx_files import CARD_FILE, MODEL_FILE, file_sha256
-from arag.models.reranker import ModelCard, OnnxReranker, get_reranker, reranker_scale, settings_scale
+from arag.models.onnx_files import CARD_FILE, MODEL_FILE, file_sha256, open_session
+from arag.models.onnx_graph import drop_guards_in_file
+from arag.models.reranker import (
+    ModelCard,
+    OnnxReranker,
+    encode_pairs,
+    get_reranker,
+    load_pair_tokenizer,
+    reranker_scale,
+    settings_scale,
+)
 from arag.settings import Settings, get_settings
-from arag.train.reranker import TrainConfig
+from arag.train.reranker import TrainConfig, build_net, export_onnx
 from arag.train.reranker_pipeline import calibration_split, recalibrate, train_reranker
 from training_util import TRAIN_PAPERS, TRAINING_LIBRARY, VAL_PAPERS
 
@@ -59,6 +69,8 @@ def test_the_model_and_its_card_are_installed(lib: Settings, trained: ModelCard)
     card = ModelCard.model_validate_json((folder / CARD_FILE).read_text())
     assert card == trained
     assert card.onnx_sha256 == file_sha256(folder / MODEL_FILE)
+    # Installed without the exporter's softmax NaN guards (models/onnx_graph.py).
+    assert b"IsNaN" not in (folder / MODEL_FILE).read_bytes()
     assert card.model_id == f"minilm-l1-qasper-{card.onnx_sha256[:8]}"
     assert card.layers == 1 and card.max_length == 96 and card.seed == 0
     assert card.bars is not None and card.bars.lower <= card.bars.upper
@@ -102,6 +114,28 @@ def test_get_reranker_loads_and_scores(lib: Settings, trained: ModelCard) -> Non
     assert reranker.score("q", []).shape == (0,)
     # A question longer than the pair allows still leaves the passage room, and still scores.
     assert np.isfinite(reranker.score("why " * 500, ["a passage"])).all()
+
+
+def test_the_exporters_softmax_guards_are_dropped_and_no_score_moves(tmp_path: Path) -> None:
+    # The pattern is the one this torch's exporter writes: if a torch update stops writing it, the
+    # first assertion says so (and the rewrite has nothing left to do).
+    net = build_net(1)
+    guarded, dropped = tmp_path / "guarded.onnx", tmp_path / "dropped.onnx"
+    export_onnx(net, guarded, 96)
+    assert guarded.read_bytes().count(b"IsNaN") >= 1
+    shutil.copy(guarded, dropped)
+    assert drop_guards_in_file(dropped) == 1  # one per layer
+    assert b"IsNaN" not in dropped.read_bytes()
+    texts = ["Experiments: We evaluate on SQuAD and TriviaQA. " * 12, "A short passage.", "x"]
+    ids, mask, types = encode_pairs(load_pair_tokenizer(96), "which datasets do they use?", texts)
+    assert mask.min() == 0  # a padded batch: the masking path runs
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    plain = ort.InferenceSession(str(guarded), providers=["CPUExecutionProvider"])
+    fast = ort.InferenceSession(str(dropped), providers=["CPUExecutionProvider"])
+    assert np.array_equal(plain.run(None, feeds)[0], fast.run(None, feeds)[0])
+    # A model trained before the export dropped them loses them in memory when it is opened.
+    opened = open_session(guarded, 1, sha256=file_sha256(guarded), what="reranker", retrain="-")
+    assert np.array_equal(opened.run(None, feeds)[0], plain.run(None, feeds)[0])
 
 
 def test_a_tampered_model_is_refused(lib: Settings, trained: ModelCard, tmp_path: Path) -> None:

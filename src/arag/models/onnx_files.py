@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel, Field, ValidationError
 
 from arag.errors import ModelError
+from arag.models.onnx_graph import fast_graph
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -74,16 +75,18 @@ def open_session(model: Path, threads: int, *, sha256: str | None, what: str, re
     being trained, not installed yet)."""
     import onnxruntime as ort
 
-    if sha256 is not None and file_sha256(model) != sha256:
+    # Read once: the bytes checked are the bytes loaded.
+    data = model.read_bytes()
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise ModelError(
             f"the {what}'s model.onnx does not match the sha256 in its model card",
             where=str(model),
             fix=f"the file was changed or cut short: retrain with `{retrain}`",
         )
     try:
-        return ort.InferenceSession(
-            str(model), sess_options=session_options(threads), providers=["CPUExecutionProvider"]
-        )
+        graph = fast_graph(data)
+        options = session_options(threads)
+        return ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as exc:
         raise ModelError(
             f"ONNX Runtime could not load the {what}: {exc}",

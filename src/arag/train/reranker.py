@@ -26,6 +26,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from arag.errors import ModelError
+from arag.models.onnx_graph import drop_guards_in_file
 from arag.models.reranker import encode_pairs, load_pair_tokenizer
 from arag.train.data import MinedQuestion
 from arag.train.kernels import kernels_in_use, pin_portable_kernels
@@ -334,6 +335,7 @@ def export_variants(
     installed (the reranker, the support model and the answer reader all do this)."""
     fp32, int8 = work / "fp32.onnx", work / "int8.onnx"
     export(fp32)
+    drop_guards_in_file(fp32)  # before quantising: the file installed runs without them
     quantize_int8(fp32, int8)
     draft = card_type.model_validate(
         {
