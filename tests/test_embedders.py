@@ -325,6 +325,41 @@ def test_dynamic_int8_is_derived_once_deterministically_and_agrees_with_the_weig
     weights.close()
 
 
+def test_the_derived_model_drops_the_softmax_guards_and_no_vector_moves(
+    tmp_path: Path, paragraphs: list[str]
+) -> None:
+    # The recipe before the guards were dropped, replayed by hand: ORT's fold, then the quantiser.
+    import onnx as onnx_lib
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    weights = OnnxMiniLMEmbedder(EmbeddingSettings(int8="weights"))
+    derived = dynamic_int8_model(weights.model_path, "a" * 64, tmp_path / "new")
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(tmp_path / "fp32.onnx")
+    ort.InferenceSession(str(weights.model_path), sess_options=so, providers=["CPUExecutionProvider"])
+    guarded = tmp_path / "guarded.onnx"
+    quantize_dynamic(
+        str(tmp_path / "fp32.onnx"),
+        str(guarded),
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul"],
+        per_channel=True,
+        extra_options={"MatMulConstBOnly": True},
+    )
+    ops = [n.op_type for n in onnx_lib.load(str(guarded)).graph.node]
+    assert ops.count("IsNaN") == 6  # one guard per layer, as the packaged export has them
+    assert b"IsNaN" not in derived.read_bytes()
+    settings = EmbeddingSettings()
+    new = OnnxMiniLMEmbedder(settings, model_path=derived, model_id="derived")
+    old = OnnxMiniLMEmbedder(settings, model_path=guarded, model_id="guarded")
+    assert new.per_text and old.per_text  # one text a run, as the library embeds
+    assert np.array_equal(new.embed_batch(paragraphs), old.embed_batch(paragraphs))
+    for emb in (weights, new, old):
+        emb.close()
+
+
 def test_dynamic_int8_unwritable_folder_says_how_to_fix(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")

@@ -19,17 +19,24 @@ def _const(name: str, value: float) -> onnx.NodeProto:
     return helper.make_node("Constant", [], [name], name=name, value=tensor)
 
 
-def _attention(*, zero: float = 0.0, guard_reads: str = "p", layers: int = 2) -> onnx.ModelProto:
+def _attention(
+    *, zero: float = 0.0, guard_reads: str = "p", layers: int = 2, initializer: bool = False
+) -> onnx.ModelProto:
     """``layers`` softmax(scores) @ v blocks as the exporter writes them: each softmax behind
-    ``Where(IsNaN(p), zero, <guard_reads>)``."""
+    ``Where(IsNaN(p), zero, <guard_reads>)``, the zero a Constant node (the exporter's) or an
+    ``initializer`` (as ONNX Runtime's optimiser saves it)."""
     nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
     x = "scores"
     for k in range(layers):
         p, s = f"p{k}", f"s{k}"
         nodes.append(helper.make_node("Softmax", [x], [p], axis=-1, name=f"softmax{k}"))
         nodes.append(helper.make_node("Sigmoid", [x], [s], name=f"other{k}"))
         nodes.append(helper.make_node("IsNaN", [p], [f"nan{k}"], name=f"isnan{k}"))
-        nodes.append(_const(f"zero{k}", zero))
+        if initializer:
+            inits.append(helper.make_tensor(f"zero{k}", TensorProto.FLOAT, [], [zero]))
+        else:
+            nodes.append(_const(f"zero{k}", zero))
         kept = p if guard_reads == "p" else s
         nodes.append(helper.make_node("Where", [f"nan{k}", f"zero{k}", kept], [f"g{k}"], name=f"where{k}"))
         x = f"x{k + 1}"
@@ -44,6 +51,7 @@ def _attention(*, zero: float = 0.0, guard_reads: str = "p", layers: int = 2) ->
             helper.make_tensor_value_info("v", TensorProto.FLOAT, [4, 4]),
         ],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, dims)],
+        initializer=inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -73,12 +81,17 @@ def test_each_guard_goes_with_its_isnan_and_zero_and_the_outputs_are_bit_identic
     onnx.checker.check_model(model)
     assert np.array_equal(_run(model, FEEDS), before)
     assert drop_softmax_nan_guards(model) == 0  # nothing left to drop
+    # The zeros as initializers (the embedder's graph, saved by ONNX Runtime): they go too.
+    folded = _attention(initializer=True)
+    assert drop_softmax_nan_guards(folded) == 2
+    assert [n.op_type for n in folded.graph.node] == ops and not folded.graph.initializer
+    assert np.array_equal(_run(folded, FEEDS), before)
 
 
 def test_a_where_that_is_not_a_softmax_guard_is_kept() -> None:
     # The fallback is not zero: the Where can change values, so it stays.
     # IsNaN of one tensor choosing another is not a guard of its own input either.
-    for model in (_attention(zero=1.0), _attention(guard_reads="s")):
+    for model in (_attention(zero=1.0), _attention(zero=1.0, initializer=True), _attention(guard_reads="s")):
         before = model.SerializeToString()
         assert drop_softmax_nan_guards(model) == 0
         assert model.SerializeToString() == before

@@ -6,8 +6,8 @@ zeros. In our models no row is ever all masked (every pair keeps [CLS] and [SEP]
 guard never changes a value, yet ONNX Runtime runs it element by element over the whole
 batch x heads x length x length tensor: a third of the 6-layer reranker's time on 2 cores. Without
 it every score is bit for bit the same (``Where(False, 0, p)`` is ``p``). Training drops the guards
-right after export; a model trained before that has them dropped in memory when it is opened (its
-file, and so the sha256 its card names, untouched).
+right after export, and the derived int8 embedder after its fold; a model trained before that has
+them dropped in memory when it is opened (its file, and so the sha256 its card names, untouched).
 """
 
 from __future__ import annotations
@@ -19,39 +19,49 @@ if TYPE_CHECKING:
     import onnx
 
 
-def _is_zero_constant(node: onnx.NodeProto | None) -> bool:
+def _is_zero(value: onnx.TensorProto | None) -> bool:
     from onnx import numpy_helper
 
-    if node is None or node.op_type != "Constant" or len(node.attribute) != 1:
+    if value is None:
         return False
+    array = numpy_helper.to_array(value)
+    return array.size == 1 and float(array.reshape(-1)[0]) == 0.0
+
+
+def _constant_value(node: onnx.NodeProto | None) -> onnx.TensorProto | None:
+    """The tensor a Constant node holds (its ``value`` attribute), else None."""
+    if node is None or node.op_type != "Constant" or len(node.attribute) != 1:
+        return None
     attr = node.attribute[0]
-    if attr.name == "value":
-        value = numpy_helper.to_array(attr.t)
-        return value.size == 1 and float(value.reshape(-1)[0]) == 0.0
-    return attr.name in ("value_float", "value_int") and (attr.f == 0.0 and attr.i == 0)
+    return attr.t if attr.name == "value" else None
 
 
 def drop_softmax_nan_guards(model: onnx.ModelProto) -> int:
     """Remove each ``Where(IsNaN(s), 0, s)`` whose ``s`` is a Softmax output, reading ``s`` in its
-    place; the zero constants left unused go too. Returns how many guards were removed."""
+    place; the zero (a Constant node, or an initializer as ONNX Runtime's optimiser writes it) and
+    the IsNaN go too when nothing else reads them. Returns how many guards were removed."""
     graph = model.graph
     producer = {out: node for node in graph.node for out in node.output}
+    initializers = {init.name: init for init in graph.initializer}
     graph_outputs = {o.name for o in graph.output}
     renamed: dict[str, str] = {}
     dropped: list[onnx.NodeProto] = []
     for node in graph.node:
         if node.op_type != "Where" or len(node.input) != 3 or node.output[0] in graph_outputs:
             continue
-        cond, zero, kept = (producer.get(name) for name in node.input)
+        cond, zero, kept = node.input
+        check = producer.get(cond)
+        source = producer.get(kept)
+        value = initializers.get(zero) or _constant_value(producer.get(zero))
         if (
-            cond is not None
-            and cond.op_type == "IsNaN"
-            and cond.input[0] == node.input[2]
-            and kept is not None
-            and kept.op_type == "Softmax"
-            and _is_zero_constant(zero)
+            check is not None
+            and check.op_type == "IsNaN"
+            and check.input[0] == kept
+            and source is not None
+            and source.op_type == "Softmax"
+            and _is_zero(value)
         ):
-            renamed[node.output[0]] = node.input[2]
+            renamed[node.output[0]] = kept
             dropped.append(node)
     if not dropped:
         return 0
@@ -61,14 +71,21 @@ def drop_softmax_nan_guards(model: onnx.ModelProto) -> int:
                 node.input[k] = renamed[name]
     gone = {id(node) for node in dropped}
     read = {name for node in graph.node if id(node) not in gone for name in node.input}
-    orphans: dict[int, onnx.NodeProto] = {}
+    read |= graph_outputs | {i.name for i in graph.input}  # an old IR lists initializers as inputs
+    unread_nodes: dict[int, onnx.NodeProto] = {}
+    unread_inits: set[str] = set()
     for node in dropped:
         for name in node.input[:2]:  # the IsNaN and the zero, when nothing else reads them
-            source = producer[name]
-            if name not in read and source.op_type in ("IsNaN", "Constant"):
-                orphans[id(source)] = source
-    for node in [*dropped, *orphans.values()]:
+            if name in read:
+                continue
+            if name in producer:
+                unread_nodes[id(producer[name])] = producer[name]
+            elif name in initializers:
+                unread_inits.add(name)
+    for node in [*dropped, *unread_nodes.values()]:
         graph.node.remove(node)
+    for init in [i for i in graph.initializer if i.name in unread_inits]:
+        graph.initializer.remove(init)
     return len(dropped)
 
 

@@ -33,6 +33,7 @@ import numpy as np
 from arag.errors import ConfigError, ModelError
 from arag.models.embedder import BaseEmbedder, Cache, l2_normalize, mean_pool
 from arag.models.onnx_files import TrainedCard, open_session, read_model_card, session_options
+from arag.models.onnx_graph import drop_guards_in_file
 from arag.settings import EmbeddingSettings
 
 if TYPE_CHECKING:
@@ -44,8 +45,10 @@ log = logging.getLogger(__name__)
 MODEL_ID = "all-MiniLM-L6-v2-onnx-int8"
 # A different id makes a different library: vectors of the two models must never be mixed.
 DYNAMIC_MODEL_ID = "all-MiniLM-L6-v2-onnx-dynamic-int8"
-# What the derived file is made by; a change here (or another ORT) derives a new file.
-DYNAMIC_RECIPE = "ort-basic-fold;quantize_dynamic;MatMul;QInt8;per_channel"
+# What the derived file is made by; a change here (or another ORT) derives a new file. Dropping the
+# softmax NaN guards changes no vector (models/onnx_graph.py), so the model id, and with it every
+# library and cached embedding, stays.
+DYNAMIC_RECIPE = "ort-basic-fold;no-softmax-nan-guard;quantize_dynamic;MatMul;QInt8;per_channel"
 DIM = 384
 # BERT's position table has 512 rows; the model was trained at 256.
 MAX_POSITIONS = 512
@@ -303,8 +306,8 @@ def dynamic_int8_model(source: Path, source_sha256: str, models_dir: Path | None
 
 
 def quantize_per_channel(source: Path, work: Path) -> None:
-    """Fold the weight-only int8 graph to fp32 (ORT's basic optimisations), then quantise its
-    weight matmuls dynamically, per output channel."""
+    """Fold the weight-only int8 graph to fp32 (ORT's basic optimisations), drop its softmax NaN
+    guards, then quantise its weight matmuls dynamically, per output channel."""
     import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -312,6 +315,7 @@ def quantize_per_channel(source: Path, work: Path) -> None:
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     so.optimized_model_filepath = str(work / "fp32.onnx")
     ort.InferenceSession(str(source), sess_options=so, providers=["CPUExecutionProvider"])
+    drop_guards_in_file(work / "fp32.onnx")
     quiet = logging.getLogger()  # the quantiser logs advice about pre-processing on the root logger
     level = quiet.level
     quiet.setLevel(logging.ERROR)

@@ -29,7 +29,6 @@ from arag.eval.retrieval import hits_per_rank, ndcg_at, recall_at
 from arag.index.store import Store
 from arag.models.embedder import BaseEmbedder, l2_normalize
 from arag.models.onnx_files import MODEL_FILE, file_sha256
-from arag.models.onnx_graph import drop_guards_in_file
 from arag.models.onnx_minilm import EmbedderCard, OnnxMiniLMEmbedder, quantize_per_channel
 from arag.records import Chunk, SearchFilter
 from arag.retrieval.hybrid import HybridRetriever
@@ -176,8 +175,8 @@ def train_embedder(
     work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=".embedder-"))
     try:
         export_token_vectors(net, work / "export.onnx")
-        drop_guards_in_file(work / "export.onnx")
-        quantize_per_channel(work / "export.onnx", work)  # writes fp32.onnx and int8.onnx
+        # Writes fp32.onnx and int8.onnx, both without the softmax NaN guards.
+        quantize_per_channel(work / "export.onnx", work)
         runs: dict[str, dict[str, Any]] = {}
         for name in ("fp32", "int8"):
             model = OnnxMiniLMEmbedder(
