@@ -8,8 +8,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper
 
+from arag.errors import ModelError
 from arag.models.onnx_files import open_session
 from arag.models.onnx_graph import drop_guards_in_file, drop_softmax_nan_guards, fast_graph
 
@@ -113,3 +115,13 @@ def test_fast_graph_returns_a_model_without_isnan_as_it_is(tmp_path: Path) -> No
     assert np.array_equal(np.asarray(session.run(None, FEEDS)[0]), _run(guarded, FEEDS))
     assert drop_guards_in_file(path) == 2 and b"IsNaN" not in path.read_bytes()
     assert drop_guards_in_file(path) == 0
+
+
+def test_a_model_file_that_cannot_be_read_or_loaded_is_a_model_error(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="could not read the reranker's model file") as missing:
+        open_session(tmp_path / "absent.onnx", 1, sha256=None, what="reranker", retrain="arag train reranker")
+    assert "arag train reranker" in (missing.value.fix or "")
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"IsNaN, but not a model")  # parsed (it names the guard's op) and refused
+    with pytest.raises(ModelError, match="could not load the reranker"):
+        open_session(broken, 1, sha256=None, what="reranker", retrain="arag train reranker")

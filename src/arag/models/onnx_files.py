@@ -76,7 +76,14 @@ def open_session(model: Path, threads: int, *, sha256: str | None, what: str, re
     import onnxruntime as ort
 
     # Read once: the bytes checked are the bytes loaded.
-    data = model.read_bytes()
+    try:
+        data = model.read_bytes()
+    except OSError as exc:
+        raise ModelError(
+            f"could not read the {what}'s model file: {exc}",
+            where=str(model),
+            fix=f"check the path and its permissions, or retrain with `{retrain}`",
+        ) from exc
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise ModelError(
             f"the {what}'s model.onnx does not match the sha256 in its model card",
