@@ -306,23 +306,35 @@ def dynamic_int8_model(source: Path, source_sha256: str, models_dir: Path | None
 
 
 def quantize_per_channel(source: Path, work: Path) -> None:
-    """Fold the weight-only int8 graph to fp32 (ORT's basic optimisations), drop its softmax NaN
-    guards, then quantise its weight matmuls dynamically, per output channel."""
+    """Fold the weight-only int8 graph to fp32 (ORT's basic optimisations) as ``work/fp32.onnx``, drop
+    its softmax NaN guards, then quantise its weight matmuls dynamically, per output channel, as
+    ``work/int8.onnx``."""
+    fold_to_fp32(source, work / "fp32.onnx")
+    drop_guards_in_file(work / "fp32.onnx")
+    quantize_matmuls_per_channel(work / "fp32.onnx", work / "int8.onnx")
+
+
+def fold_to_fp32(source: Path, target: Path) -> None:
+    """``source`` saved by ONNX Runtime after its basic optimisations (int8 weights folded to fp32)."""
     import onnxruntime as ort
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    so.optimized_model_filepath = str(work / "fp32.onnx")
+    so.optimized_model_filepath = str(target)
     ort.InferenceSession(str(source), sess_options=so, providers=["CPUExecutionProvider"])
-    drop_guards_in_file(work / "fp32.onnx")
+
+
+def quantize_matmuls_per_channel(source: Path, target: Path) -> None:
+    """Dynamic int8 of ``source``'s weight matmuls, per output channel (activations per run)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
     quiet = logging.getLogger()  # the quantiser logs advice about pre-processing on the root logger
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
         quantize_dynamic(
-            str(work / "fp32.onnx"),
-            str(work / "int8.onnx"),
+            str(source),
+            str(target),
             weight_type=QuantType.QInt8,
             op_types_to_quantize=["MatMul"],
             per_channel=True,
