@@ -1,4 +1,5 @@
-"""Training pins torch's CPU kernels, so the same command trains the same weights on any x86-64 CPU."""
+"""Training pins torch's CPU kernels, so the same command trains the same weights on any Intel x86-64
+CPU with AVX2 (and on one CPU whatever branches its environment asks for)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from arag.llm.builds import cpu_vendor
 from arag.train import kernels
-from arag.train.kernels import PORTABLE_ENV, cpu_has_avx2, pin_portable_kernels
+from arag.train.kernels import (
+    MKL_BRANCH_VENDOR,
+    PORTABLE_ENV,
+    cpu_has_avx2,
+    kernels_in_use,
+    pin_portable_kernels,
+)
 
 pytest.importorskip("torch")
 
@@ -81,12 +89,41 @@ def test_pin_overrides_a_users_choice_and_skips_a_cpu_without_avx2(monkeypatch: 
     assert {k: os.environ[k] for k in PORTABLE_ENV} == PORTABLE_ENV
 
 
+def test_the_card_names_a_cpu_whose_mkl_branch_is_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    for key, value in PORTABLE_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(kernels, "cpu_vendor", lambda: "GenuineIntel")
+    assert kernels_in_use() == "avx2"
+    monkeypatch.setattr(kernels, "cpu_vendor", lambda: "AuthenticAMD")
+    assert kernels_in_use() == "native-amd-avx2"
+    monkeypatch.setattr(kernels, "cpu_vendor", lambda: "")
+    assert kernels_in_use() == "native-unknown-avx2"
+    # Unpinned, the capability alone is named, whatever the vendor.
+    monkeypatch.setenv("MKL_CBWR", "AUTO")
+    assert kernels_in_use() == "native-avx2"
+
+
+def test_cpu_vendor_reads_the_vendor_id(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2\n")
+    assert cpu_vendor(info) == "AuthenticAMD"
+    assert cpu_vendor(tmp_path / "missing") == ""
+
+
 @pytest.mark.skipif(not cpu_has_avx2(), reason="the pins are for x86-64 CPUs with AVX2")
 def test_pinned_training_gives_the_same_weights_whatever_kernels_the_machine_would_pick() -> None:
     # Another CPU is emulated by the variables that make torch pick other kernels here.
     other_cpu = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
     pinned = _run(True, {})
-    assert pinned["kernels"] == "avx2"
+    # An Intel CPU trains the portable file; another vendor's MKL runs its own branch, and the card
+    # says so (the pins still make its file the same under any of this CPU's branch settings).
+    if cpu_vendor() == MKL_BRANCH_VENDOR:
+        assert pinned["kernels"] == "avx2"
+    else:
+        assert pinned["kernels"].startswith("native-") and pinned["kernels"].endswith("-avx2")
     assert _run(True, other_cpu) == pinned
     # The control: unpinned, the emulated CPU trains other weights (so the test above can fail).
     assert _run(False, other_cpu)["hash"] != _run(False, {"ATEN_CPU_CAPABILITY": "avx2"})["hash"]

@@ -70,6 +70,11 @@ def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return " ".join((_cpuinfo_field("model name", cpuinfo) or "").split())
 
 
+def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's vendor id ("GenuineIntel", "AuthenticAMD"; "" where it cannot be read)."""
+    return (_cpuinfo_field("vendor_id", cpuinfo) or "").strip()
+
+
 def cpu_signature(flags: frozenset[str]) -> str:
     """A short name for a set of CPU flags: a check passed on one signature vouches for no other."""
     return hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]

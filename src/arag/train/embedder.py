@@ -70,7 +70,7 @@ class EmbedderTrainStats(BaseModel):
     examples_per_s: float
     first_loss: float
     final_loss: float
-    # avx2: the portable kernels (the same file on every x86-64 CPU); native-*: this CPU's own.
+    # avx2: the portable kernels (the same file on every Intel CPU with AVX2); native-*: this CPU's own.
     kernels: str = ""
 
 

