@@ -44,7 +44,7 @@ def cpu_has_avx2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
 def pin_portable_kernels() -> None:
     """Set the variables that pin torch's kernels to AVX2, where the CPU has it.
 
-    Overrides values a user set: the point is that every machine trains the same file. A process
+    Overrides values a user set: the point is that every machine of a kind trains the same file. A process
     where torch has already computed keeps its kernels; :func:`kernels_in_use` then says so."""
     if cpu_has_avx2():
         os.environ.update(PORTABLE_ENV)
@@ -64,9 +64,9 @@ def kernels_in_use() -> str:
             return PORTABLE
         name = {"AuthenticAMD": "amd"}.get(vendor, vendor.lower() or "unknown")
         log.warning(
-            "training on a %s CPU: MKL's AVX2 branch is Intel's only, so the model file will differ "
-            "from the one Intel CPUs train (same recipe, same quality within noise)",
-            vendor or "non-Intel",
+            "training on this CPU (%s): MKL's AVX2 branch is Intel's only, so the model file will "
+            "differ from the one Intel CPUs train (same recipe, same quality within noise)",
+            vendor or "vendor unknown",
         )
         return f"native-{name}-{capability}"
     log.warning(
