@@ -16,7 +16,7 @@ PACKAGE = "arag"
 
 # The top-level name under arag (a folder or a module) -> its floor, from the ground up.
 FLOORS: dict[str, int] = {
-    **dict.fromkeys(["records", "errors", "settings", "version", "text", "http_retry"], 0),
+    **dict.fromkeys(["records", "errors", "settings", "version", "text", "http_retry", "cpu"], 0),
     **dict.fromkeys(["models", "index", "ingest"], 1),
     **dict.fromkeys(["corpus", "llm"], 2),
     "retrieval": 3,

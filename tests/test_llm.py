@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
+from arag.cpu import read_cpu_flags
 from arag.errors import ConfigError, ModelError, NetworkError
 from arag.llm import gguf
 from arag.llm.base import ChatMessage, Completion
-from arag.llm.builds import builds_root, candidates, choose_build, read_cpu_flags
+from arag.llm.builds import builds_root, candidates, choose_build
 from arag.llm.factory import get_llm
 from arag.llm.gguf import (
     PACKAGED_MODELS,

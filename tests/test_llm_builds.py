@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from arag.cpu import read_cpu_flags
 from arag.errors import ConfigError, ModelError
 from arag.llm.builds import (
     PORTABLE,
@@ -20,7 +21,6 @@ from arag.llm.builds import (
     choose_build,
     cpu_signature,
     installed,
-    read_cpu_flags,
     record_check,
 )
 from arag.llm.check import check_builds

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from arag.llm.builds import cpu_vendor
+from arag.cpu import cpu_vendor
 from arag.train import kernels
 from arag.train.kernels import (
     MKL_BRANCH_VENDOR,

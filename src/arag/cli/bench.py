@@ -147,6 +147,33 @@ def bench_retrieval(
     write_figures(json_out, r)
 
 
+@bench_app.command("int8")
+@handle_errors
+def bench_int8(
+    texts: Annotated[int, typer.Option(help="Chunk texts to embed each way.")] = 400,
+    repeats: Annotated[int, typer.Option(help="Timed runs each way (alternating; medians).")] = 3,
+    json_out: FiguresJson = None,
+) -> None:
+    """The embedder on this CPU's own uint8 x int8 kernels against the exact uint8 rewrite arag runs
+    where those kernels clamp (no VNNI or AMX): texts/s of each, and how far the vectors move."""
+    from arag.bench.int8 import run_int8_bench
+
+    r = run_int8_bench(load_settings(), texts=texts, repeats=repeats)
+    used = "the rewrite" if r.clamps else "its own kernels (exact)"
+    table = Table(
+        title=f"int8 arithmetic on {r.cpu}: arag runs {used}", show_header=False, title_justify="left"
+    )
+    table.add_row("texts x runs", f"{r.texts} x {r.repeats}")
+    table.add_row("own uint8 x int8 kernels", f"{r.own_kernels_texts_per_s:.1f} texts/s")
+    table.add_row(
+        "uint8 rewrite (exact)", f"{r.rewrite_texts_per_s:.1f} texts/s (x{r.rewrite_cost:.2f} the time)"
+    )
+    same = "identical" if r.identical else f"cosine median {r.cosine_median:.5f}, min {r.cosine_min:.5f}"
+    table.add_row("vectors, own kernels vs rewrite", same)
+    console.print(table)
+    write_figures(json_out, r)
+
+
 @bench_app.command("reranker")
 @handle_errors
 def bench_reranker(

@@ -72,7 +72,8 @@ def with_llm(settings: Settings, spec: str | None) -> Settings:
 def run_machine(model: object | None, settings: Settings) -> dict[str, Any]:
     """What the latencies were measured on: the CPU, its cores, the local LLM's llama.cpp build and
     whether answers were scored for their first token (one more model call each)."""
-    from arag.llm.builds import choose_build, cpu_name
+    from arag.cpu import cpu_name
+    from arag.llm.builds import choose_build
 
     local = model is not None and settings.llm.provider == "llama-cpp"
     return {

@@ -44,8 +44,9 @@ def check_cmd(
 ) -> None:
     """Run the local model once, in its own process, on a long prompt: prefill and generation speed,
     the build's instruction sets; a crash is reported with its signal and the fix (exit 5)."""
+    from arag.cpu import read_cpu_flags
     from arag.errors import InputError
-    from arag.llm.builds import builds_root, candidates, choose_build, read_cpu_flags
+    from arag.llm.builds import builds_root, candidates, choose_build
     from arag.llm.check import check_builds
     from arag.llm.gguf import PACKAGED_MODELS, resolve_model_path
     from arag.llm.llama_cpp import import_llama_cpp

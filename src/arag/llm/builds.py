@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from arag.cpu import read_cpu_flags
 from arag.errors import ConfigError
 from arag.settings import LlamaBuild
 
@@ -46,33 +47,6 @@ class Build:
 def builds_root() -> Path:
     """Where set-up installs the extra builds: inside the venv, beside the portable one."""
     return Path(sys.prefix) / "llama-builds"
-
-
-def _cpuinfo_field(name: str, cpuinfo: Path) -> str | None:
-    """The first ``name : value`` line's value in /proc/cpuinfo (None where absent or unreadable)."""
-    try:
-        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith(name):
-            return line.split(":", 1)[1]
-    return None
-
-
-def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """Every flag the CPU lists (empty where /proc/cpuinfo cannot be read: not Linux)."""
-    return frozenset((_cpuinfo_field("flags", cpuinfo) or "").split())
-
-
-def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model name, for reports whose timings depend on it ("" where it cannot be read)."""
-    return " ".join((_cpuinfo_field("model name", cpuinfo) or "").split())
-
-
-def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's vendor id ("GenuineIntel", "AuthenticAMD"; "" where it cannot be read)."""
-    return (_cpuinfo_field("vendor_id", cpuinfo) or "").strip()
 
 
 def cpu_signature(flags: frozenset[str]) -> str:

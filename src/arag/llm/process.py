@@ -26,8 +26,9 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from arag.cpu import read_cpu_flags
 from arag.errors import ModelError, ModelUnavailable
-from arag.llm.builds import PORTABLE, Build, read_cpu_flags
+from arag.llm.builds import PORTABLE, Build
 
 log = logging.getLogger(__name__)
 

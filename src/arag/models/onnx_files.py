@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from arag.errors import ModelError
 from arag.models.onnx_graph import fast_graph
+from arag.models.onnx_int8 import exact_int8_graph
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -91,7 +92,7 @@ def open_session(model: Path, threads: int, *, sha256: str | None, what: str, re
             fix=f"the file was changed or cut short: retrain with `{retrain}`",
         )
     try:
-        graph = fast_graph(data)
+        graph = exact_int8_graph(fast_graph(data))
         options = session_options(threads)
         return ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as exc:

@@ -34,6 +34,7 @@ from arag.errors import ConfigError, ModelError
 from arag.models.embedder import BaseEmbedder, Cache, l2_normalize, mean_pool
 from arag.models.onnx_files import TrainedCard, file_sha256, open_session, read_model_card, session_options
 from arag.models.onnx_graph import drop_guards_in_file
+from arag.models.onnx_int8 import exact_int8_graph
 from arag.settings import EmbeddingSettings
 
 if TYPE_CHECKING:
@@ -376,8 +377,9 @@ def _open_session(path: Path, threads: int) -> ort.InferenceSession:
     import onnxruntime as ort
 
     try:
+        graph = exact_int8_graph(path.read_bytes())
         return ort.InferenceSession(
-            str(path), sess_options=session_options(threads), providers=["CPUExecutionProvider"]
+            graph, sess_options=session_options(threads), providers=["CPUExecutionProvider"]
         )
     except Exception as exc:
         raise ModelError(

@@ -23,7 +23,7 @@ import os
 import platform
 from pathlib import Path
 
-from arag.llm.builds import cpu_vendor, read_cpu_flags
+from arag.cpu import cpu_vendor, read_cpu_flags
 
 log = logging.getLogger(__name__)
 
