@@ -93,6 +93,12 @@ def test_a_weight_something_else_reads_is_left_as_it_is() -> None:
     assert model.graph.initializer[0].data_type == TensorProto.INT8
 
 
+def test_a_weight_listed_among_the_inputs_is_left_as_it_is() -> None:
+    model = _matmul(True)
+    model.graph.input.append(helper.make_tensor_value_info("w", TensorProto.INT8, [8, 4]))
+    assert weights_as_uint8(model) == 0
+
+
 def test_a_graph_is_rewritten_only_where_the_cpu_clamps() -> None:
     data = _matmul(True).SerializeToString()
     assert exact_int8_graph(data, saturates=False) is data

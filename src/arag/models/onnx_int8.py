@@ -48,7 +48,9 @@ def weights_as_uint8(model: onnx.ModelProto) -> int:
     from onnx import TensorProto, numpy_helper
 
     graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
+    # An old IR lists initializers among the inputs, typed: a caller could feed them, so they stay.
+    listed = {x.name for x in graph.input}
+    inits = {i.name: i for i in graph.initializer if i.name not in listed}
     readers: dict[str, list[tuple[str, int]]] = {}
     for node in graph.node:
         for k, name in enumerate(node.input):
