@@ -93,6 +93,22 @@ def test_a_weight_something_else_reads_is_left_as_it_is() -> None:
     assert model.graph.initializer[0].data_type == TensorProto.INT8
 
 
+def test_a_weight_two_matmuls_share_is_left_as_it_is() -> None:
+    nodes = [
+        helper.make_node("MatMulInteger", ["a", "w", "a_zero", "w_zero"], ["y"]),
+        helper.make_node("MatMulInteger", ["a", "w"], ["y2"]),
+    ]
+    inits = [
+        numpy_helper.from_array(W, "w"),
+        numpy_helper.from_array(W_ZERO, "w_zero"),
+        numpy_helper.from_array(np.array(A_ZERO), "a_zero"),
+    ]
+    model = _model(nodes, inits, {"y": [4, 4], "y2": [4, 4]})
+    assert weights_as_uint8(model) == 0
+    _, got2 = _run(model, A)
+    assert np.array_equal(got2, _run(_matmul(False), A)[0])
+
+
 def test_a_weight_listed_among_the_inputs_is_left_as_it_is() -> None:
     model = _matmul(True)
     model.graph.input.append(helper.make_tensor_value_info("w", TensorProto.INT8, [8, 4]))

@@ -42,8 +42,8 @@ def u8s8_saturates(flags: frozenset[str] | None = None, machine: str | None = No
 
 
 def weights_as_uint8(model: onnx.ModelProto) -> int:
-    """Rewrite each ``MatMulInteger`` whose int8 weight and zero point are initializers read by
-    such matmuls only, as uint8 shifted by +128 (the same products); returns how many matmuls."""
+    """Rewrite each ``MatMulInteger`` whose int8 weight and zero point are initializers it alone
+    reads, as uint8 shifted by +128 (the same products); returns how many matmuls."""
     import numpy as np
     from onnx import TensorProto, numpy_helper
 
@@ -55,7 +55,6 @@ def weights_as_uint8(model: onnx.ModelProto) -> int:
     for node in graph.node:
         for k, name in enumerate(node.input):
             readers.setdefault(name, []).append((node.op_type, k))
-    shifted: set[str] = set()
     done = 0
     for node in graph.node:
         if node.op_type != "MatMulInteger" or len(node.input) < 2:
@@ -66,22 +65,19 @@ def weights_as_uint8(model: onnx.ModelProto) -> int:
         if init is None or init.data_type != TensorProto.INT8:
             continue
         names = [weight] + ([zero] if zero else [])
+        # Read by this matmul alone: a shared weight or zero point could meet one left unshifted.
         only_here = all(
-            readers.get(n) == [("MatMulInteger", k)] * len(readers.get(n, []))
+            readers.get(n) == [("MatMulInteger", k)]
             for n, k in zip(names, (_WEIGHT, _WEIGHT_ZERO_POINT), strict=False)
         )
         if (zero and (zero not in inits or inits[zero].data_type != TensorProto.INT8)) or not only_here:
             continue
         for name in names:
-            if name not in shifted:
-                values = numpy_helper.to_array(inits[name]).astype(np.int16) + 128
-                inits[name].CopyFrom(numpy_helper.from_array(values.astype(np.uint8), name))
-                shifted.add(name)
+            values = numpy_helper.to_array(inits[name]).astype(np.int16) + 128
+            inits[name].CopyFrom(numpy_helper.from_array(values.astype(np.uint8), name))
         if not zero:  # a missing zero point is 0, which is 128 once shifted
             zero = f"{weight}_zero_point_uint8"
-            if zero not in inits:
-                inits[zero] = numpy_helper.from_array(np.array(128, dtype=np.uint8), zero)
-                graph.initializer.append(inits[zero])
+            graph.initializer.append(numpy_helper.from_array(np.array(128, dtype=np.uint8), zero))
             while len(node.input) < _WEIGHT_ZERO_POINT:
                 node.input.append("")
             node.input.append(zero)
