@@ -132,7 +132,7 @@ def run_build_bench(
         # No cache: measure the model.
         embedder = library_embedder(bench_settings, cached=False)
         base = get_embedder(weights, None) if dynamic else None
-        texts = _sample_chunk_texts(bench_settings, embedder, embed_sample)
+        texts = sample_chunk_texts(bench_settings, embedder, embed_sample)
         if texts:
             throughput = embed_throughput(bench_settings, embedder, texts, baseline_embedder=base)
     baseline_model = baseline_s = None
@@ -161,7 +161,7 @@ def run_build_bench(
     )
 
 
-def _sample_chunk_texts(settings: Settings, embedder: BaseEmbedder, n: int) -> list[str]:
+def sample_chunk_texts(settings: Settings, embedder: BaseEmbedder, n: int) -> list[str]:
     """Embed texts of real chunks: the first papers' chunks, as the build makes them."""
     from arag.corpus.qasper import load_qasper
     from arag.ingest.chunker import chunk_paper

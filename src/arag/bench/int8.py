@@ -36,7 +36,7 @@ def run_int8_bench(settings: Settings, texts: int = 400, repeats: int = 3) -> In
     """Both ways on ``texts`` chunk texts, alternating, ``repeats`` timed runs each (median rate)."""
     import onnxruntime as ort
 
-    from arag.bench.build import _sample_chunk_texts
+    from arag.bench.build import sample_chunk_texts
     from arag.models.factory import get_embedder
     from arag.models.onnx_files import session_options
     from arag.models.onnx_int8 import exact_int8_graph, u8s8_saturates
@@ -49,7 +49,7 @@ def run_int8_bench(settings: Settings, texts: int = 400, repeats: int = 3) -> In
             where="ARAG_EMBEDDING__PROVIDER / ARAG_EMBEDDING__INT8",
             fix="unset them (onnx-minilm, dynamic) for this bench",
         )
-    sample = _sample_chunk_texts(settings, emb, texts)
+    sample = sample_chunk_texts(settings, emb, texts)
     data = emb.model_path.read_bytes()
     options = session_options(settings.embedding.threads)
     sessions = {

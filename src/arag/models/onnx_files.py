@@ -74,7 +74,6 @@ def replace_model_card(folder: Path, card: BaseModel) -> None:
 def open_session(model: Path, threads: int, *, sha256: str | None, what: str, retrain: str) -> Any:
     """An ONNX Runtime session over ``model``, after checking it against ``sha256`` (None: a model
     being trained, not installed yet)."""
-    import onnxruntime as ort
 
     # Read once: the bytes checked are the bytes loaded.
     try:
@@ -92,15 +91,23 @@ def open_session(model: Path, threads: int, *, sha256: str | None, what: str, re
             fix=f"the file was changed or cut short: retrain with `{retrain}`",
         )
     try:
-        graph = exact_int8_graph(fast_graph(data))
-        options = session_options(threads)
-        return ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
+        return session_over(fast_graph(data), threads)
     except Exception as exc:
         raise ModelError(
             f"ONNX Runtime could not load the {what}: {exc}",
             where=str(model),
             fix=f"retrain with `{retrain}`",
         ) from exc
+
+
+def session_over(graph: bytes, threads: int) -> ort.InferenceSession:
+    """An ONNX Runtime session over a serialised model, its int8 products made exact on this CPU
+    (models/onnx_int8.py): every model arag opens goes through here."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(
+        exact_int8_graph(graph), sess_options=session_options(threads), providers=["CPUExecutionProvider"]
+    )
 
 
 def session_options(threads: int) -> ort.SessionOptions:

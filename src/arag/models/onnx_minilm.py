@@ -32,9 +32,14 @@ import numpy as np
 
 from arag.errors import ConfigError, ModelError
 from arag.models.embedder import BaseEmbedder, Cache, l2_normalize, mean_pool
-from arag.models.onnx_files import TrainedCard, file_sha256, open_session, read_model_card, session_options
+from arag.models.onnx_files import (
+    TrainedCard,
+    file_sha256,
+    open_session,
+    read_model_card,
+    session_over,
+)
 from arag.models.onnx_graph import drop_guards_in_file
-from arag.models.onnx_int8 import exact_int8_graph
 from arag.settings import EmbeddingSettings
 
 if TYPE_CHECKING:
@@ -374,13 +379,8 @@ def _packaged_model(*, verify: bool) -> Path:
 
 
 def _open_session(path: Path, threads: int) -> ort.InferenceSession:
-    import onnxruntime as ort
-
     try:
-        graph = exact_int8_graph(path.read_bytes())
-        return ort.InferenceSession(
-            graph, sess_options=session_options(threads), providers=["CPUExecutionProvider"]
-        )
+        return session_over(path.read_bytes(), threads)
     except Exception as exc:
         raise ModelError(
             f"ONNX Runtime could not load the embedding model: {exc}",

@@ -23,7 +23,7 @@ import os
 import platform
 from pathlib import Path
 
-from arag.cpu import cpu_vendor, read_cpu_flags
+from arag.cpu import CPUINFO, cpu_vendor, read_cpu_flags
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ PORTABLE = "avx2"
 MKL_BRANCH_VENDOR = "GenuineIntel"
 
 
-def cpu_has_avx2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+def cpu_has_avx2(cpuinfo: Path = CPUINFO) -> bool:
     """Whether this x86-64 CPU lists AVX2 and FMA (False where it cannot be told)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
